@@ -1,0 +1,320 @@
+"""AsyncClient: one method per engine operation.
+
+``client_sync.py`` is generated from this file by ``scripts/generate_sync.py``
+(a test checks that it is current): edit here, then run the script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from batonq import operations
+from batonq.embedded import resolve_dsn
+from batonq.errors import from_database_error
+from batonq.listener import AsyncListener, AsyncNoListener
+from batonq.models import JSON, Enqueued, Lease, QueueConfig, QueueStats, Submitted, Task
+from batonq.operations import Call
+from batonq.sweeper import Sweeper
+
+__all__ = ["AsyncClient", "connect_async"]
+
+T = TypeVar("T")
+
+
+def _default_worker() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class AsyncClient:
+    """A batonq client over a pool of connections.
+
+    Usage: ``async with await batonq.connect_async() as client: ...``
+
+    - ``listen``: wake long-poll claims with LISTEN/NOTIFY (one connection);
+      False polls every ``poll_interval_s`` instead (for PgBouncer in
+      transaction mode, together with ``prepare=False``).
+    - ``sweeper``: run a leader-elected sweeper in this process.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        min_connections: int = 1,
+        max_connections: int = 10,
+        listen: bool = True,
+        poll_interval_s: float = 1.0,
+        prepare: bool = True,
+        sweeper: bool = False,
+        worker_name: str | None = None,
+    ) -> None:
+        self.dsn = dsn
+        self.worker_name = worker_name or _default_worker()
+        self.poll_interval_s = poll_interval_s
+        self._pool = AsyncConnectionPool(
+            dsn,
+            min_size=min_connections,
+            max_size=max_connections,
+            kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None},
+            open=False,
+        )
+        self._listener = AsyncListener(dsn) if listen else AsyncNoListener()
+        self._sweeper = Sweeper(dsn) if sweeper else None
+
+    async def open(self) -> AsyncClient:
+        await self._pool.open(wait=True)
+        if self._sweeper is not None:
+            self._sweeper.start()
+        return self
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.stop()
+        await self._listener.close()
+        await self._pool.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection inside a transaction, committed on success.
+
+        Pass it as ``conn=`` to enqueue atomically with your own writes.
+        """
+        async with self._pool.connection() as conn, conn.transaction():
+            yield conn
+
+    async def _run(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
+        try:
+            if conn is not None:
+                cursor = await conn.execute(call.sql, call.params)
+                rows = await cursor.fetchall()
+            else:
+                async with self._pool.connection() as pooled:
+                    cursor = await pooled.execute(call.sql, call.params)
+                    rows = await cursor.fetchall()
+        except psycopg.Error as error:
+            raise from_database_error(error) from error
+        # Parsed after the transaction ended: a refused write raises LeaseLost
+        # only once its record in the submit ledger is committed.
+        return call.parse(rows)
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: JSON,
+        *,
+        priority: int = 0,
+        delay_s: float = 0.0,
+        max_attempts: int | None = None,
+        key: str | None = None,
+        held: bool = False,
+        parent_id: int | str | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Enqueued:
+        """Enqueue one task; with ``key``, at most one task per key and queue.
+
+        ``conn`` joins your transaction: the task exists only if it commits.
+        """
+        call = operations.enqueue(
+            queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
+            key=key, held=held, parent_id=parent_id,
+        )  # fmt: skip
+        return await self._run(call, conn)
+
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Sequence[JSON],
+        *,
+        keys: Sequence[str | None] | None = None,
+        priorities: Sequence[int] | None = None,
+        delays_s: Sequence[float] | None = None,
+        max_attempts: int | None = None,
+        held: bool = False,
+        parent_id: int | str | None = None,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> list[Enqueued]:
+        """Enqueue many tasks in one round trip; one answer per payload, in order."""
+        call = operations.enqueue_many(
+            queue, payloads, keys=keys, priorities=priorities, delays_s=delays_s,
+            max_attempts=max_attempts, held=held, parent_id=parent_id,
+        )  # fmt: skip
+        return await self._run(call, conn)
+
+    async def claim(
+        self,
+        queue: str,
+        *,
+        max_tasks: int = 1,
+        lease_s: int | None = None,
+        wait_s: float = 0.0,
+        worker: str | None = None,
+    ) -> list[Lease]:
+        """Claim up to ``max_tasks`` tasks, each under a new lease.
+
+        With ``wait_s`` (up to 55) an empty queue is waited on, and the claim
+        returns as soon as a task arrives; ``[]`` when none did.
+        """
+        wait_s = operations.check_wait(wait_s)
+        call = operations.claim(
+            queue, worker=worker or self.worker_name, max_tasks=max_tasks, lease_s=lease_s
+        )
+        if wait_s == 0:
+            return await self._run(call)
+        deadline = time.monotonic() + wait_s
+        async with self._listener.watch(queue) as wake:
+            while True:
+                leases = await self._run(call)
+                remaining = deadline - time.monotonic()
+                if leases or remaining <= 0:
+                    return leases
+                await wake.wait(min(remaining, self.poll_interval_s))
+
+    async def heartbeat(
+        self, lease_token: str, *, lease_s: int | None = None, stage: str | None = None
+    ) -> Submitted:
+        """Extend the lease by ``lease_s`` (default: the claim's) from now.
+
+        Raises ``LeaseLost`` when the lease is no longer held.
+        """
+        return await self._run(operations.heartbeat(lease_token, lease_s=lease_s, stage=stage))
+
+    async def set_stage(self, lease_token: str, stage: str) -> Submitted:
+        """Record what the holder is doing now (and extend the lease)."""
+        return await self.heartbeat(lease_token, stage=stage)
+
+    async def complete(
+        self,
+        lease_token: str,
+        result: JSON = None,
+        *,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Submitted:
+        """Finish the task with ``result``. A repeat returns ``replayed``;
+        raises ``LeaseLost`` when another holder has the task."""
+        return await self._run(operations.complete(lease_token, result), conn)
+
+    async def complete_many(self, items: Sequence[tuple[str, JSON]]) -> list[Submitted]:
+        """Complete many ``(lease_token, result)`` pairs in one round trip.
+
+        Refusals do not raise: check each reply's ``accepted``.
+        """
+        return await self._run(operations.complete_many(items))
+
+    async def fail(
+        self,
+        lease_token: str,
+        error: JSON = None,
+        *,
+        retry_delay_s: float | None = None,
+        requeue: bool = True,
+        conn: psycopg.AsyncConnection[Any] | None = None,
+    ) -> Submitted:
+        """Fail this attempt: retry after ``retry_delay_s`` (default: the
+        queue's backoff), or ``requeue=False`` to make the task dead now."""
+        call = operations.fail(lease_token, error, retry_delay_s=retry_delay_s, requeue=requeue)
+        return await self._run(call, conn)
+
+    async def release_lease(self, lease_token: str) -> Submitted:
+        """Give the lease back unfinished: claimable at once, attempt not counted."""
+        return await self._run(operations.release_lease(lease_token))
+
+    async def task(self, task_id: int | str) -> Task:
+        """One task by id (``5521`` or ``"t_5521"``), hot or archived."""
+        return await self._run(operations.task(task_id))
+
+    async def tasks(
+        self,
+        queue: str,
+        *,
+        state: str | None = None,
+        limit: int = 50,
+        before_id: int | str | None = None,
+    ) -> list[Task]:
+        """The newest tasks of a queue, optionally in one state."""
+        return await self._run(operations.tasks(queue, state=state, limit=limit, before_id=before_id))
+
+    async def queues(self, queue: str | None = None) -> list[QueueStats]:
+        """Counts per state and oldest claimable age, per queue."""
+        return await self._run(operations.queues(queue))
+
+    async def queue_configs(self) -> list[QueueConfig]:
+        return await self._run(operations.queue_configs())
+
+    async def configure_queue(
+        self,
+        queue: str,
+        *,
+        lease_s: int | None = None,
+        max_attempts: int | None = None,
+        backoff_base_s: float | None = None,
+        backoff_max_s: float | None = None,
+        retention_s: int | None = None,
+        max_body_bytes: int | None = None,
+        paused: bool | None = None,
+    ) -> QueueConfig:
+        """Create a queue or change its settings; None keeps a setting."""
+        call = operations.configure_queue(
+            queue, lease_s=lease_s, max_attempts=max_attempts, backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s, retention_s=retention_s,
+            max_body_bytes=max_body_bytes, paused=paused,
+        )  # fmt: skip
+        return await self._run(call)
+
+    async def pause(self, queue: str) -> QueueConfig:
+        """Stop handing out this queue's tasks (enqueue still works)."""
+        return await self.configure_queue(queue, paused=True)
+
+    async def resume(self, queue: str) -> QueueConfig:
+        return await self.configure_queue(queue, paused=False)
+
+    async def retry(self, task_id: int | str) -> Task:
+        """Operator: run a dead or cancelled task again."""
+        return await self._run(operations.retry(task_id))
+
+    async def cancel(self, task_id: int | str) -> Task:
+        """Operator: cancel an unfinished task."""
+        return await self._run(operations.cancel(task_id))
+
+    async def hold(self, task_id: int | str) -> Task:
+        """Operator: keep a pending task back until released."""
+        return await self._run(operations.hold(task_id))
+
+    async def release(self, task_id: int | str) -> Task:
+        """Operator: make a held task claimable."""
+        return await self._run(operations.release(task_id))
+
+    async def sweep(self) -> int:
+        """Expire every queue's overdue leases now; returns how many."""
+        return await self._run(operations.sweep())
+
+    async def maintain(self) -> dict[str, int]:
+        """Make archive partitions and apply retention now."""
+        return await self._run(operations.maintain())
+
+
+async def connect_async(dsn: str | None = None, **options: Any) -> AsyncClient:
+    """Open an AsyncClient. No ``dsn`` and no ``$BATONQ_DATABASE_URL`` starts
+    the embedded PostgreSQL. ``options`` go to ``AsyncClient``."""
+    dsn = await asyncio.to_thread(resolve_dsn, dsn)  # sync: dsn = resolve_dsn(dsn)
+    return await AsyncClient(dsn, **options).open()

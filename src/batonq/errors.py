@@ -1,0 +1,137 @@
+"""Exceptions, and the one place that maps the engine's SQLSTATEs to them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+__all__ = [
+    "BatonqError",
+    "InvalidArgument",
+    "InvalidQueueName",
+    "InvalidState",
+    "InvalidToken",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "QueueNotFound",
+    "SchemaMissing",
+    "TaskFinished",
+    "TaskNotFound",
+    "from_database_error",
+]
+
+
+class BatonqError(Exception):
+    """Base of every error batonq raises; ``code`` is the stable error code."""
+
+    code = "batonq_error"
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class InvalidQueueName(BatonqError):
+    code = "invalid_queue_name"
+
+
+class TaskNotFound(BatonqError):
+    code = "task_not_found"
+
+
+class PayloadTooLarge(BatonqError):
+    """A payload, result or error over the queue's ``max_body_bytes``."""
+
+    code = "payload_too_large"
+
+
+class InvalidArgument(BatonqError):
+    code = "invalid_argument"
+
+
+class InvalidToken(BatonqError):
+    """A lease token that is malformed or does not match its task's lease."""
+
+    code = "invalid_token"
+
+
+class QueueNotFound(BatonqError):
+    code = "queue_not_found"
+
+
+class InvalidState(BatonqError):
+    """An operator action on a task in the wrong state (e.g. retry a done task)."""
+
+    code = "invalid_state"
+
+
+class SchemaMissing(BatonqError):
+    code = "schema_missing"
+
+
+class LeaseLost(BatonqError):
+    """The lease is no longer held: the write was refused and set aside.
+
+    ``state`` is the task's current state and ``current_fencing_token`` its
+    newest token; drop the result, another holder (or an operator) has it.
+    """
+
+    code = "lease_lost"
+
+    def __init__(
+        self, task_id: int, state: str, fencing_token: int, current_fencing_token: int | None
+    ) -> None:
+        super().__init__(
+            f"lease no longer held: task t_{task_id} is {state}"
+            + (
+                f" under fencing token {current_fencing_token} (yours is {fencing_token})"
+                if current_fencing_token != fencing_token
+                else ""
+            ),
+            task_id=task_id,
+            state=state,
+            fencing_token=fencing_token,
+            current_fencing_token=current_fencing_token,
+        )
+        self.task_id = task_id
+        self.state = state
+        self.fencing_token = fencing_token
+        self.current_fencing_token = current_fencing_token
+
+
+class TaskFinished(LeaseLost):
+    """The lease is no longer held because the task is done, dead or cancelled."""
+
+
+_BY_SQLSTATE: dict[str, type[BatonqError]] = {
+    "BQ001": InvalidQueueName,
+    "BQ002": TaskNotFound,
+    "BQ003": PayloadTooLarge,
+    "BQ004": InvalidArgument,
+    "BQ005": InvalidToken,
+    "BQ006": QueueNotFound,
+    "BQ007": InvalidState,
+}
+
+
+def from_database_error(error: psycopg.Error) -> Exception:
+    """The batonq exception for an engine error, or ``error`` itself."""
+    sqlstate = error.sqlstate or ""
+    cls = _BY_SQLSTATE.get(sqlstate)
+    if cls is not None:
+        detail: dict[str, Any] = {}
+        raw = error.diag.message_detail
+        if raw:
+            try:
+                detail = json.loads(raw)
+            except ValueError:
+                detail = {"detail": raw}
+        return cls(error.diag.message_primary or str(error), **detail)
+    if sqlstate in ("3F000", "42883", "42P01") and "batonq" in str(error):
+        return SchemaMissing(
+            "the batonq schema is missing or out of date in this database: run `batonq migrate`"
+        )
+    return error

@@ -1,0 +1,132 @@
+"""The typed objects the client returns. Field order follows the engine's
+composite types (a test checks that it does)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = ["Enqueued", "Lease", "QueueConfig", "QueueStats", "Submitted", "Task"]
+
+JSON = Any
+"""Any value that JSON can hold."""
+
+TASK_STATES = ("waiting", "held", "pending", "leased", "done", "dead", "cancelled")
+FINISHED_STATES = ("done", "dead", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The answer to an enqueue: ``created`` is false when the key existed."""
+
+    task_id: int
+    queue: str
+    created: bool
+    state: str
+    run_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A claimed task. Present ``lease_token`` with every write about it."""
+
+    task_id: int
+    queue: str
+    fencing_token: int
+    lease_token: str = field(repr=False)
+    lease_expires_at: datetime
+    lease_expires_in_s: float
+    attempt: int
+    max_attempts: int
+    priority: int
+    payload: JSON
+    idempotency_key: str | None
+    parent_id: int | None
+    root_id: int
+    created_at: datetime
+    run_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """The answer to a complete, fail, heartbeat or release.
+
+    ``outcome`` is ``accepted``, ``replayed`` (the same write was accepted
+    before; nothing changed), ``lease_lost`` or ``finished`` (refused).
+    """
+
+    task_id: int
+    queue: str
+    outcome: str
+    state: str
+    fencing_token: int
+    current_fencing_token: int | None
+    lease_expires_at: datetime | None
+    lease_expires_in_s: float | None
+
+    @property
+    def replayed(self) -> bool:
+        return self.outcome == "replayed"
+
+    @property
+    def accepted(self) -> bool:
+        return self.outcome in ("accepted", "replayed")
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """A task as readers see it, hot or archived. Never holds a lease token."""
+
+    id: int
+    queue: str
+    state: str
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    payload: JSON
+    attempts: int
+    max_attempts: int
+    idempotency_key: str | None
+    parent_id: int | None
+    root_id: int
+    fencing_token: int | None
+    lease_expires_at: datetime | None
+    claimed_at: datetime | None
+    worker: str | None
+    stage: str | None
+    last_error: str | None
+    errors: list[dict[str, Any]]
+    result: JSON
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Tasks per state in one queue; ``pending`` counts the claimable now,
+    ``scheduled`` the pending whose run_at is still ahead."""
+
+    queue: str
+    paused: bool
+    waiting: int
+    held: int
+    pending: int
+    scheduled: int
+    leased: int
+    done: int
+    dead: int
+    cancelled: int
+    oldest_pending_age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    name: str
+    lease_s: int
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    retention_s: int
+    max_body_bytes: int
+    paused: bool
+    created_at: datetime

@@ -1,0 +1,246 @@
+"""The engine's operations as pure data: for each, the SQL that calls its
+function, the parameters, and how to read the rows back.
+
+The async and the sync client both execute these, so the logic lives once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from psycopg.types.json import Jsonb
+
+from batonq.errors import InvalidArgument, LeaseLost, TaskFinished
+from batonq.models import JSON, Enqueued, Lease, QueueConfig, QueueStats, Submitted, Task
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+MAX_WAIT_S = 55.0
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One round trip: ``sql`` with ``params``, read back by ``parse``."""
+
+    sql: str
+    params: tuple[Any, ...]
+    parse: Callable[[Rows], T]
+
+
+def task_id(value: int | str) -> int:
+    """Accept a task id as ``5521`` or ``"t_5521"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value[2:] if value.startswith("t_") else value
+        if text.isdigit():
+            return int(text)
+    raise InvalidArgument(f"task id must look like t_5521 or 5521, got {value!r}")
+
+
+def _one(cls: Callable[..., T]) -> Callable[[Rows], T]:
+    return lambda rows: cls(*rows[0])
+
+
+def _all(cls: Callable[..., T]) -> Callable[[Rows], list[T]]:
+    return lambda rows: [cls(*row) for row in rows]
+
+
+def _submitted(rows: Rows) -> Submitted:
+    """Read a write's reply; a refused write raises (after its transaction
+    committed the refusal to the ledger)."""
+    reply = Submitted(*rows[0])
+    if reply.outcome == "finished":
+        raise TaskFinished(
+            reply.task_id, reply.state, reply.fencing_token, reply.current_fencing_token
+        )
+    if reply.outcome == "lease_lost":
+        raise LeaseLost(reply.task_id, reply.state, reply.fencing_token, reply.current_fencing_token)
+    return reply
+
+
+def _json(value: JSON) -> Jsonb:
+    return Jsonb(value)
+
+
+def enqueue(
+    queue: str,
+    payload: JSON,
+    *,
+    priority: int = 0,
+    delay_s: float = 0.0,
+    max_attempts: int | None = None,
+    key: str | None = None,
+    held: bool = False,
+    parent_id: int | str | None = None,
+) -> Call[Enqueued]:
+    return Call(
+        "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            queue,
+            _json(payload),
+            priority,
+            float(delay_s),
+            max_attempts,
+            key,
+            held,
+            None if parent_id is None else task_id(parent_id),
+        ),
+        _one(Enqueued),
+    )
+
+
+def enqueue_many(
+    queue: str,
+    payloads: Sequence[JSON],
+    *,
+    keys: Sequence[str | None] | None = None,
+    priorities: Sequence[int] | None = None,
+    delays_s: Sequence[float] | None = None,
+    max_attempts: int | None = None,
+    held: bool = False,
+    parent_id: int | str | None = None,
+) -> Call[list[Enqueued]]:
+    return Call(
+        "SELECT task_id, queue, created, state, run_at"
+        " FROM batonq.enqueue_many(%s, %s::jsonb[], %s::text[], %s::integer[],"
+        " %s::double precision[], %s, %s, %s)",
+        (
+            queue,
+            [_json(p) for p in payloads],
+            None if keys is None else list(keys),
+            None if priorities is None else list(priorities),
+            None if delays_s is None else [float(d) for d in delays_s],
+            max_attempts,
+            held,
+            None if parent_id is None else task_id(parent_id),
+        ),
+        _all(Enqueued),
+    )
+
+
+def claim(
+    queue: str,
+    *,
+    worker: str | None = None,
+    max_tasks: int = 1,
+    lease_s: int | None = None,
+) -> Call[list[Lease]]:
+    return Call(
+        "SELECT * FROM batonq.claim(%s, %s, %s, %s)",
+        (queue, worker, max_tasks, lease_s),
+        _all(Lease),
+    )
+
+
+def check_wait(wait_s: float) -> float:
+    if not 0 <= wait_s <= MAX_WAIT_S:
+        raise InvalidArgument(f"wait_s must be between 0 and {MAX_WAIT_S:g}")
+    return float(wait_s)
+
+
+def heartbeat(lease_token: str, *, lease_s: int | None = None, stage: str | None = None) -> Call[Submitted]:
+    return Call(
+        "SELECT * FROM batonq.heartbeat(%s, %s, %s)", (lease_token, lease_s, stage), _submitted
+    )
+
+
+def complete(lease_token: str, result: JSON = None) -> Call[Submitted]:
+    return Call("SELECT * FROM batonq.complete(%s, %s)", (lease_token, _json(result)), _submitted)
+
+
+def complete_many(items: Sequence[tuple[str, JSON]]) -> Call[list[Submitted]]:
+    """Replies in order; refused items come back with their outcome, unraised."""
+    return Call(
+        "SELECT task_id, queue, outcome, state, fencing_token, current_fencing_token, NULL, NULL"
+        " FROM batonq.complete_many(%s::text[], %s::jsonb[])",
+        ([token for token, _ in items], [_json(result) for _, result in items]),
+        _all(Submitted),
+    )
+
+
+def fail(
+    lease_token: str,
+    error: JSON = None,
+    *,
+    retry_delay_s: float | None = None,
+    requeue: bool = True,
+) -> Call[Submitted]:
+    return Call(
+        "SELECT * FROM batonq.fail(%s, %s, %s, %s)",
+        (
+            lease_token,
+            _json(error),
+            None if retry_delay_s is None else float(retry_delay_s),
+            requeue,
+        ),
+        _submitted,
+    )
+
+
+def release_lease(lease_token: str) -> Call[Submitted]:
+    return Call("SELECT * FROM batonq.release_lease(%s)", (lease_token,), _submitted)
+
+
+def task(id: int | str) -> Call[Task]:
+    return Call("SELECT * FROM batonq.get_task(%s)", (task_id(id),), _one(Task))
+
+
+def tasks(
+    queue: str, *, state: str | None = None, limit: int = 50, before_id: int | str | None = None
+) -> Call[list[Task]]:
+    return Call(
+        "SELECT * FROM batonq.list_tasks(%s, %s, %s, %s)",
+        (queue, state, limit, None if before_id is None else task_id(before_id)),
+        _all(Task),
+    )
+
+
+def queues(queue: str | None = None) -> Call[list[QueueStats]]:
+    return Call("SELECT * FROM batonq.queue_stats(%s)", (queue,), _all(QueueStats))
+
+
+def queue_configs() -> Call[list[QueueConfig]]:
+    return Call("SELECT * FROM batonq.list_queues()", (), _all(QueueConfig))
+
+
+def configure_queue(
+    queue: str,
+    *,
+    lease_s: int | None = None,
+    max_attempts: int | None = None,
+    backoff_base_s: float | None = None,
+    backoff_max_s: float | None = None,
+    retention_s: int | None = None,
+    max_body_bytes: int | None = None,
+    paused: bool | None = None,
+) -> Call[QueueConfig]:
+    return Call(
+        "SELECT * FROM batonq.configure_queue(%s, %s, %s, %s, %s, %s, %s, %s)",
+        (queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s, max_body_bytes, paused),
+        _one(QueueConfig),
+    )
+
+
+def _operator(action: str) -> Callable[[int | str], Call[Task]]:
+    def call(id: int | str) -> Call[Task]:
+        return Call(f"SELECT * FROM batonq.{action}_task(%s)", (task_id(id),), _one(Task))
+
+    return call
+
+
+retry = _operator("retry")
+cancel = _operator("cancel")
+hold = _operator("hold")
+release = _operator("release")
+
+
+def sweep() -> Call[int]:
+    return Call("SELECT batonq.sweep()", (), lambda rows: int(rows[0][0]))
+
+
+def maintain() -> Call[dict[str, int]]:
+    return Call("SELECT batonq.maintain()", (), lambda rows: dict(rows[0][0]))

@@ -1,0 +1,121 @@
+-- batonq 0002: helpers shared by the engine's functions. Not granted to the
+-- worker or reader roles: only the engine calls them.
+--
+-- Errors raised by the engine carry their own SQLSTATEs (class BQ) and a JSON
+-- DETAIL, which clients map to their exceptions:
+--   BQ001 invalid_queue_name   BQ002 task_not_found   BQ003 too_large
+--   BQ004 invalid_argument     BQ005 invalid_token    BQ006 queue_not_found
+--   BQ007 invalid_state
+-- A write refused because its lease is gone is not an error here: it is a
+-- reply with outcome 'lease_lost', so the refusal can be recorded in the
+-- submit ledger in the same transaction.
+
+CREATE FUNCTION batonq._check_queue_name(p_name text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_name IS NULL OR NOT batonq._valid_queue_name(p_name) THEN
+        RAISE EXCEPTION 'invalid queue name %: use 1-128 characters from a-z 0-9 _ . : - starting with a letter or digit',
+                        coalesce(quote_literal(p_name), 'NULL')
+            USING ERRCODE = 'BQ001', DETAIL = jsonb_build_object('queue', p_name)::text;
+    END IF;
+END $$;
+
+CREATE FUNCTION batonq._invalid_argument(p_message text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '%', p_message USING ERRCODE = 'BQ004';
+END $$;
+
+-- JSON bodies (payload, result, error) are limited by their text size.
+CREATE FUNCTION batonq._check_size(p_what text, p_body jsonb, p_limit integer) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_size integer := octet_length(p_body::text);
+BEGIN
+    IF v_size > p_limit THEN
+        RAISE EXCEPTION '% is % bytes, over the limit of % bytes', p_what, v_size, p_limit
+            USING ERRCODE = 'BQ003',
+                  DETAIL = jsonb_build_object('what', p_what, 'size', v_size, 'limit', p_limit)::text;
+    END IF;
+END $$;
+
+-- A queue's settings; enqueue creates a queue on first use.
+CREATE FUNCTION batonq._queue(p_queue text, p_create boolean) RETURNS batonq.queues
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue batonq.queues;
+BEGIN
+    SELECT * INTO v_queue FROM batonq.queues WHERE name = p_queue;
+    IF FOUND THEN
+        RETURN v_queue;
+    END IF;
+    PERFORM batonq._check_queue_name(p_queue);
+    IF NOT p_create THEN
+        RAISE EXCEPTION 'queue % does not exist', p_queue
+            USING ERRCODE = 'BQ006', DETAIL = jsonb_build_object('queue', p_queue)::text;
+    END IF;
+    INSERT INTO batonq.queues (name) VALUES (p_queue) ON CONFLICT (name) DO NOTHING;
+    SELECT * INTO STRICT v_queue FROM batonq.queues WHERE name = p_queue;
+    RETURN v_queue;
+END $$;
+
+-- A lease token is queue/task_id/fencing_token/secret: it names its task (so
+-- writes need nothing else), routes by queue, and carries the fencing token.
+CREATE TYPE batonq.lease_ref AS (queue text, task_id bigint, fencing_token bigint, secret uuid);
+
+CREATE FUNCTION batonq._lease_token(p_queue text, p_task_id bigint, p_fencing_token bigint, p_secret uuid)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN p_queue || '/' || p_task_id || '/' || p_fencing_token || '/' || replace(p_secret::text, '-', '');
+
+CREATE FUNCTION batonq._parse_token(p_token text) RETURNS batonq.lease_ref
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_parts text[] := regexp_match(p_token,
+        '^([a-z0-9][a-z0-9_.:-]{0,127})/([0-9]{1,18})/([0-9]{1,18})/([0-9a-f]{32})$');
+BEGIN
+    IF v_parts IS NULL THEN
+        RAISE EXCEPTION 'malformed lease token: use the lease_token returned by claim'
+            USING ERRCODE = 'BQ005';
+    END IF;
+    RETURN ROW(v_parts[1], v_parts[2]::bigint, v_parts[3]::bigint, v_parts[4]::uuid)::batonq.lease_ref;
+END $$;
+
+-- The text an error body shows as last_error.
+CREATE FUNCTION batonq._error_text(p_error jsonb) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE jsonb_typeof(p_error) WHEN 'string' THEN p_error #>> '{}' ELSE p_error::text END;
+
+-- One entry of a task's attempt history.
+CREATE FUNCTION batonq._attempt_error(p_attempt integer, p_fencing_token bigint, p_error jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE PARALLEL SAFE
+RETURN jsonb_build_object('attempt', p_attempt, 'fencing_token', p_fencing_token,
+                          'at', now(), 'error', p_error);
+
+-- Exponential backoff with jitter: base * 2^(attempt-1), capped, then scaled
+-- by a random factor in [0.5, 1) so failed tasks do not retry in lockstep.
+CREATE FUNCTION batonq._backoff_s(p_queue batonq.queues, p_attempt integer) RETURNS double precision
+LANGUAGE sql VOLATILE
+RETURN least(p_queue.backoff_max_s,
+             p_queue.backoff_base_s * power(2, least(greatest(p_attempt, 1) - 1, 60)))
+       * (0.5 + random() / 2);
+
+-- A task as every reader sees it, hot or archived; it never holds the lease
+-- secret.
+CREATE TYPE batonq.task_view AS (
+    id bigint, queue text, state text, priority integer, run_at timestamptz,
+    created_at timestamptz, payload jsonb, attempts integer, max_attempts integer,
+    idempotency_key text, parent_id bigint, root_id bigint, fencing_token bigint,
+    lease_expires_at timestamptz, claimed_at timestamptz, worker text, stage text,
+    last_error text, errors jsonb, result jsonb, finished_at timestamptz
+);
+
+-- The reply to every write about a leased task.
+CREATE TYPE batonq.submit_reply AS (
+    task_id bigint, queue text, outcome text, state text,
+    fencing_token bigint, current_fencing_token bigint,
+    lease_expires_at timestamptz, lease_expires_in_s double precision
+);
+
+INSERT INTO batonq.migrations (version, name) VALUES (2, 'helpers');

@@ -1,0 +1,231 @@
+-- batonq 0003: queues and enqueue.
+
+-- Create a queue or change its settings; a NULL argument keeps the current
+-- value (or the default, for a new queue).
+CREATE FUNCTION batonq.configure_queue(
+    p_queue          text,
+    p_lease_s        integer DEFAULT NULL,
+    p_max_attempts   integer DEFAULT NULL,
+    p_backoff_base_s double precision DEFAULT NULL,
+    p_backoff_max_s  double precision DEFAULT NULL,
+    p_retention_s    integer DEFAULT NULL,
+    p_max_body_bytes integer DEFAULT NULL,
+    p_paused         boolean DEFAULT NULL
+) RETURNS batonq.queues
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_queue batonq.queues;
+BEGIN
+    PERFORM batonq._queue(p_queue, true);
+    UPDATE batonq.queues SET
+        lease_s        = coalesce(p_lease_s, lease_s),
+        max_attempts   = coalesce(p_max_attempts, max_attempts),
+        backoff_base_s = coalesce(p_backoff_base_s, backoff_base_s),
+        backoff_max_s  = coalesce(p_backoff_max_s, backoff_max_s),
+        retention_s    = coalesce(p_retention_s, retention_s),
+        max_body_bytes = coalesce(p_max_body_bytes, max_body_bytes),
+        paused         = coalesce(p_paused, paused)
+    WHERE name = p_queue
+    RETURNING * INTO v_queue;
+    IF p_paused IS FALSE THEN
+        PERFORM pg_notify('batonq', p_queue);
+    END IF;
+    RETURN v_queue;
+EXCEPTION WHEN check_violation THEN
+    RAISE EXCEPTION 'invalid queue setting: lease_s 1-3600, max_attempts 1-1000, backoff and retention >= 0, max_body_bytes >= 1'
+        USING ERRCODE = 'BQ004';
+END $$;
+
+-- The root of the run a new child joins: its parent's root.
+CREATE FUNCTION batonq._root_of(p_parent_id bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_root bigint;
+BEGIN
+    SELECT root_id INTO v_root FROM batonq.tasks WHERE id = p_parent_id;
+    IF NOT FOUND THEN
+        SELECT root_id INTO v_root FROM batonq.archive WHERE id = p_parent_id;
+    END IF;
+    IF v_root IS NULL THEN
+        RAISE EXCEPTION 'parent task % not found', p_parent_id
+            USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_parent_id)::text;
+    END IF;
+    RETURN v_root;
+END $$;
+
+CREATE FUNCTION batonq._check_enqueue_args(p_priority integer, p_delay_s double precision, p_max_attempts integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_delay_s IS NULL OR p_delay_s < 0 OR p_delay_s > 315360000 THEN
+        PERFORM batonq._invalid_argument('delay_s must be between 0 and 315360000 (10 years)');
+    END IF;
+    IF p_max_attempts IS NOT NULL AND (p_max_attempts < 1 OR p_max_attempts > 1000) THEN
+        PERFORM batonq._invalid_argument('max_attempts must be between 1 and 1000');
+    END IF;
+    IF p_priority IS NULL THEN
+        PERFORM batonq._invalid_argument('priority must be an integer');
+    END IF;
+END $$;
+
+CREATE TYPE batonq.enqueued AS (
+    task_id bigint, queue text, created boolean, state text, run_at timestamptz
+);
+
+-- Enqueue one task. With an idempotency key, the first task to take the key
+-- in this queue is returned to every later caller (created = false) for as
+-- long as it is retained. A NOTIFY wakes waiting claimers only when the task
+-- is claimable now; PostgreSQL folds repeats in one transaction into one.
+CREATE FUNCTION batonq.enqueue(
+    p_queue           text,
+    p_payload         jsonb,
+    p_priority        integer DEFAULT 0,
+    p_delay_s         double precision DEFAULT 0,
+    p_max_attempts    integer DEFAULT NULL,
+    p_idempotency_key text DEFAULT NULL,
+    p_held            boolean DEFAULT false,
+    p_parent_id       bigint DEFAULT NULL
+) RETURNS batonq.enqueued
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue  batonq.queues := batonq._queue(p_queue, true);
+    v_id     bigint := nextval('batonq.task_id_seq');
+    v_state  text := CASE WHEN p_held THEN 'held' ELSE 'pending' END;
+    v_reply  batonq.enqueued;
+BEGIN
+    PERFORM batonq._check_enqueue_args(p_priority, p_delay_s, p_max_attempts);
+    PERFORM batonq._check_size('payload', p_payload, v_queue.max_body_bytes);
+    IF p_idempotency_key IS NOT NULL THEN
+        INSERT INTO batonq.idempotency_keys (queue, key, task_id)
+        VALUES (p_queue, p_idempotency_key, v_id)
+        ON CONFLICT (queue, key) DO NOTHING;
+        IF NOT FOUND THEN
+            -- A new statement, so a new snapshot: it sees the winner's row
+            -- even when the winner committed while we waited on it.
+            SELECT k.task_id, p_queue, false, coalesce(t.state, a.state), coalesce(t.run_at, a.run_at)
+              INTO v_reply
+              FROM batonq.idempotency_keys k
+              LEFT JOIN batonq.tasks t ON t.queue = p_queue AND t.id = k.task_id
+              LEFT JOIN batonq.archive a ON t.id IS NULL AND a.id = k.task_id
+             WHERE k.queue = p_queue AND k.key = p_idempotency_key;
+            RETURN v_reply;
+        END IF;
+    END IF;
+    INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
+                              idempotency_key, parent_id, root_id)
+    VALUES (v_id, p_queue, v_state, p_priority, now() + make_interval(secs => p_delay_s), p_payload,
+            coalesce(p_max_attempts, v_queue.max_attempts), p_idempotency_key, p_parent_id,
+            CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END)
+    RETURNING id, queue, true, state, run_at INTO v_reply;
+    IF v_state = 'pending' AND p_delay_s = 0 THEN
+        PERFORM pg_notify('batonq', p_queue);
+    END IF;
+    RETURN v_reply;
+END $$;
+
+-- Enqueue many tasks into one queue in one call (10,000 is fine). The
+-- arrays run in parallel: payloads, and optionally idempotency keys,
+-- priorities and delays (NULL or a shorter array means none/0/0). One row
+-- comes back per payload, in order (ord counts from 1); a key repeated
+-- within the batch yields one task.
+CREATE FUNCTION batonq.enqueue_many(
+    p_queue            text,
+    p_payloads         jsonb[],
+    p_idempotency_keys text[] DEFAULT NULL,
+    p_priorities       integer[] DEFAULT NULL,
+    p_delays_s         double precision[] DEFAULT NULL,
+    p_max_attempts     integer DEFAULT NULL,
+    p_held             boolean DEFAULT false,
+    p_parent_id        bigint DEFAULT NULL
+) RETURNS TABLE (ord integer, task_id bigint, queue text, created boolean, state text, run_at timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue  batonq.queues := batonq._queue(p_queue, true);
+    v_n      integer := coalesce(cardinality(p_payloads), 0);
+    v_ids    bigint[];
+    v_state  text := CASE WHEN p_held THEN 'held' ELSE 'pending' END;
+    v_root   bigint := CASE WHEN p_parent_id IS NOT NULL THEN batonq._root_of(p_parent_id) END;
+    v_bad    integer;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    IF cardinality(p_idempotency_keys) > v_n OR cardinality(p_priorities) > v_n
+       OR cardinality(p_delays_s) > v_n THEN
+        PERFORM batonq._invalid_argument('idempotency_keys, priorities and delays_s may not be longer than payloads');
+    END IF;
+    PERFORM batonq._check_enqueue_args(0, 0, p_max_attempts);
+    SELECT i.ord INTO v_bad
+      FROM unnest(p_payloads, p_delays_s) WITH ORDINALITY AS i(body, delay_s, ord)
+     WHERE i.body IS NULL OR octet_length(i.body::text) > v_queue.max_body_bytes
+        OR i.delay_s < 0 OR i.delay_s > 315360000
+     LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        IF p_payloads[v_bad] IS NULL THEN
+            PERFORM batonq._invalid_argument(format('payload %s is NULL', v_bad));
+        END IF;
+        PERFORM batonq._check_size(format('payload %s', v_bad), p_payloads[v_bad], v_queue.max_body_bytes);
+        PERFORM batonq._check_enqueue_args(0, p_delays_s[v_bad], NULL);
+    END IF;
+
+    v_ids := ARRAY(SELECT nextval('batonq.task_id_seq') FROM generate_series(1, v_n));
+
+    IF p_idempotency_keys IS NULL THEN
+        RETURN QUERY
+        WITH inserted AS (
+            INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
+                                      parent_id, root_id)
+            SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
+                   now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
+                   coalesce(p_max_attempts, v_queue.max_attempts), p_parent_id, coalesce(v_root, i.id)
+              FROM unnest(p_payloads, v_ids, p_priorities, p_delays_s) AS i(body, id, priority, delay_s)
+            RETURNING id, queue, state, run_at
+        )
+        SELECT o.ord::integer, i.id, i.queue, true, i.state, i.run_at
+          FROM inserted i JOIN unnest(v_ids) WITH ORDINALITY AS o(id, ord) ON o.id = i.id
+         ORDER BY o.ord;
+    ELSE
+        -- Take the keys first; rows whose key is already taken (by another
+        -- transaction, or earlier in this batch) insert no task.
+        WITH input AS (
+            SELECT i.*, row_number() OVER (PARTITION BY i.key ORDER BY i.ord) AS nth
+              FROM unnest(p_payloads, v_ids, p_idempotency_keys, p_priorities, p_delays_s)
+                   WITH ORDINALITY AS i(body, id, key, priority, delay_s, ord)
+        ), taken AS (
+            INSERT INTO batonq.idempotency_keys (queue, key, task_id)
+            SELECT p_queue, i.key, i.id FROM input i WHERE i.key IS NOT NULL AND i.nth = 1
+            ON CONFLICT (queue, key) DO NOTHING
+            RETURNING task_id
+        )
+        INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
+                                  idempotency_key, parent_id, root_id)
+        SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
+               now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
+               coalesce(p_max_attempts, v_queue.max_attempts), i.key, p_parent_id, coalesce(v_root, i.id)
+          FROM input i
+         WHERE i.key IS NULL OR i.id IN (SELECT t.task_id FROM taken t);
+
+        -- A new statement sees keys that other transactions committed while
+        -- this one waited on them.
+        RETURN QUERY
+        SELECT i.ord::integer, coalesce(k.task_id, i.id), p_queue, coalesce(k.task_id, i.id) = i.id,
+               coalesce(t.state, a.state), coalesce(t.run_at, a.run_at)
+          FROM unnest(v_ids, p_idempotency_keys) WITH ORDINALITY AS i(id, key, ord)
+          LEFT JOIN batonq.idempotency_keys k ON k.queue = p_queue AND k.key = i.key
+          LEFT JOIN batonq.tasks t ON t.queue = p_queue AND t.id = coalesce(k.task_id, i.id)
+          LEFT JOIN LATERAL (SELECT a.state, a.run_at FROM batonq.archive a
+                              WHERE t.id IS NULL AND a.id = k.task_id LIMIT 1) a ON true
+         ORDER BY i.ord;
+    END IF;
+    IF v_state = 'pending' AND coalesce(cardinality(p_delays_s), 0) = 0 THEN
+        PERFORM pg_notify('batonq', p_queue);
+    ELSIF v_state = 'pending' THEN
+        IF EXISTS (SELECT FROM generate_series(1, v_n) g(i) WHERE coalesce(p_delays_s[g.i], 0) = 0) THEN
+            PERFORM pg_notify('batonq', p_queue);
+        END IF;
+    END IF;
+END $$;
+
+INSERT INTO batonq.migrations (version, name) VALUES (3, 'enqueue');

@@ -1,0 +1,144 @@
+-- batonq 0004: claim, lease expiry and the sweep.
+
+-- Return the expired leases of one queue: to pending while attempts remain
+-- (keeping the old fencing token, so the old holder may still finish if
+-- nobody claims it first), else to the archive as dead. Every statement names
+-- the queue, so it reads one partition's small partial index.
+CREATE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids   bigint[];
+    v_count integer;
+BEGIN
+    v_ids := ARRAY(
+        SELECT id FROM batonq.tasks
+         WHERE queue = p_queue AND state = 'leased' AND lease_expires_at < now()
+         ORDER BY lease_expires_at
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED);
+    IF cardinality(v_ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    UPDATE batonq.tasks t SET
+        state = 'pending',
+        lease_expires_at = NULL,
+        last_error = 'lease expired',
+        errors = t.errors || batonq._attempt_error(t.attempts, t.fencing_token, '"lease expired"')
+     WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.attempts < t.max_attempts;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    IF v_count > 0 THEN
+        PERFORM pg_notify('batonq', p_queue);
+    END IF;
+    WITH dead AS (
+        DELETE FROM batonq.tasks t
+         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased'
+        RETURNING t.*
+    )
+    INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
+                                max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+                                claimed_at, worker, stage, last_error, errors, result, finished_at)
+    SELECT id, queue, 'dead', priority, run_at, created_at, payload, attempts,
+           max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+           claimed_at, worker, stage, 'lease expired after max attempts',
+           errors || batonq._attempt_error(attempts, fencing_token, '"lease expired after max attempts"'),
+           NULL, now()
+      FROM dead;
+    RETURN cardinality(v_ids);
+END $$;
+
+CREATE TYPE batonq.lease AS (
+    task_id bigint, queue text, fencing_token bigint, lease_token text,
+    lease_expires_at timestamptz, lease_expires_in_s double precision,
+    attempt integer, max_attempts integer, priority integer, payload jsonb,
+    idempotency_key text, parent_id bigint, root_id bigint, created_at timestamptz,
+    run_at timestamptz
+);
+
+-- Claim up to p_max_tasks claimable tasks of one queue: highest priority
+-- first, then oldest run_at. Each claimed task gets a fresh fencing token and
+-- lease secret and counts an attempt.
+--
+-- Written for generic plans (PL/pgSQL caches them): the queue is named on
+-- every reference to the partitioned table, so the planner prunes to one
+-- partition, and the ids are picked in a MATERIALIZED CTE and matched with
+-- = ANY(ARRAY(...)), which never over-fetches (a semi-join on a SKIP LOCKED
+-- subquery may be re-evaluated and claim more than asked) and never turns
+-- into a hash join over the whole table.
+CREATE FUNCTION batonq.claim(
+    p_queue     text,
+    p_worker    text DEFAULT NULL,
+    p_max_tasks integer DEFAULT 1,
+    p_lease_s   integer DEFAULT NULL
+) RETURNS SETOF batonq.lease
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue   batonq.queues;
+    v_lease_s integer;
+BEGIN
+    SELECT * INTO v_queue FROM batonq.queues WHERE name = p_queue;
+    IF NOT FOUND THEN
+        PERFORM batonq._check_queue_name(p_queue);
+        RETURN;
+    END IF;
+    v_lease_s := coalesce(p_lease_s, v_queue.lease_s);
+    IF v_lease_s < 1 OR v_lease_s > 3600 THEN
+        PERFORM batonq._invalid_argument('lease_s must be between 1 and 3600');
+    END IF;
+    IF p_max_tasks IS NULL OR p_max_tasks < 1 OR p_max_tasks > 10000 THEN
+        PERFORM batonq._invalid_argument('max_tasks must be between 1 and 10000');
+    END IF;
+    IF v_queue.paused THEN
+        RETURN;
+    END IF;
+    -- Recovery needs no background process: the claimer of a queue takes its
+    -- expired leases as the next holder.
+    PERFORM batonq.expire_leases(p_queue);
+    RETURN QUERY
+    WITH picked AS MATERIALIZED (
+        SELECT id FROM batonq.tasks
+         WHERE queue = p_queue AND state = 'pending' AND run_at <= now()
+         ORDER BY priority DESC, run_at, id
+         LIMIT p_max_tasks
+           FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE batonq.tasks t SET
+            state = 'leased',
+            attempts = t.attempts + 1,
+            fencing_token = nextval('batonq.fencing_seq'),
+            lease_secret = gen_random_uuid(),
+            lease_s = v_lease_s,
+            lease_expires_at = now() + make_interval(secs => v_lease_s),
+            claimed_at = now(),
+            worker = p_worker,
+            stage = NULL
+         WHERE t.queue = p_queue AND t.id = ANY (ARRAY(SELECT id FROM picked))
+        RETURNING t.*
+    )
+    SELECT c.id, c.queue, c.fencing_token,
+           batonq._lease_token(c.queue, c.id, c.fencing_token, c.lease_secret),
+           c.lease_expires_at, v_lease_s::double precision,
+           c.attempts, c.max_attempts, c.priority, c.payload, c.idempotency_key,
+           c.parent_id, c.root_id, c.created_at, c.run_at
+      FROM claimed c
+     ORDER BY c.priority DESC, c.run_at, c.id;
+END $$;
+
+-- Expire the leases of every queue that has expired ones: for queues nobody
+-- is claiming from. Returns how many tasks it touched.
+CREATE FUNCTION batonq.sweep() RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_queue text;
+    v_total integer := 0;
+BEGIN
+    FOR v_queue IN
+        SELECT DISTINCT queue FROM batonq.tasks WHERE state = 'leased' AND lease_expires_at < now()
+    LOOP
+        v_total := v_total + batonq.expire_leases(v_queue);
+    END LOOP;
+    RETURN v_total;
+END $$;
+
+INSERT INTO batonq.migrations (version, name) VALUES (4, 'claim');

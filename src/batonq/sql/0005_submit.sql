@@ -1,0 +1,298 @@
+-- batonq 0005: writes about a leased task (complete, fail, heartbeat,
+-- release), each checked against the lease token.
+--
+-- A write is accepted while its fencing token is the task's newest and the
+-- task is unfinished: leased, or pending after its lease ran out with nobody
+-- claiming it since (nobody else holds it). The first accepted complete or
+-- fail per (task, token) is the outcome; a repeat returns it with outcome
+-- 'replayed' and changes nothing. Anything else is refused with outcome
+-- 'lease_lost' (or 'finished', when the task is done, dead or cancelled) and
+-- the task's current state and token, and set aside in the submit ledger.
+
+-- The slow path of every write that did not match a live lease: replay,
+-- refusal, or an error for an unknown task or a forged token.
+CREATE FUNCTION batonq._refuse(p_ref batonq.lease_ref, p_kind text, p_body jsonb)
+RETURNS batonq.submit_reply
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_first  batonq.submits;
+    v_state  text;
+    v_token  bigint;
+    v_secret uuid;
+    v_reply  batonq.submit_reply;
+BEGIN
+    IF p_kind IN ('complete', 'fail') THEN
+        SELECT * INTO v_first FROM batonq.submits
+         WHERE task_id = p_ref.task_id AND fencing_token = p_ref.fencing_token
+           AND outcome = 'accepted' AND kind IN ('complete', 'fail')
+         LIMIT 1;
+        IF FOUND THEN
+            INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
+            VALUES (p_ref.task_id, p_ref.queue, p_ref.fencing_token, p_kind, 'replayed', v_first.state_after, p_body);
+            RETURN ROW(p_ref.task_id, p_ref.queue, 'replayed', v_first.state_after,
+                       p_ref.fencing_token, p_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
+        END IF;
+    END IF;
+    SELECT state, fencing_token, lease_secret INTO v_state, v_token, v_secret
+      FROM batonq.tasks WHERE queue = p_ref.queue AND id = p_ref.task_id;
+    IF NOT FOUND THEN
+        SELECT state, fencing_token INTO v_state, v_token
+          FROM batonq.archive WHERE id = p_ref.task_id AND queue = p_ref.queue LIMIT 1;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'task % not found in queue %', p_ref.task_id, p_ref.queue
+                USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_ref.task_id)::text;
+        END IF;
+    ELSIF v_token = p_ref.fencing_token AND v_secret IS DISTINCT FROM p_ref.secret
+          AND v_secret IS NOT NULL THEN
+        RAISE EXCEPTION 'wrong lease token for task %', p_ref.task_id
+            USING ERRCODE = 'BQ005', DETAIL = jsonb_build_object('task_id', p_ref.task_id)::text;
+    END IF;
+    INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
+    VALUES (p_ref.task_id, p_ref.queue, p_ref.fencing_token, p_kind, 'set_aside', v_state, p_body);
+    RETURN ROW(p_ref.task_id, p_ref.queue,
+               CASE WHEN v_state IN ('done', 'dead', 'cancelled') THEN 'finished' ELSE 'lease_lost' END,
+               v_state, p_ref.fencing_token, v_token, NULL, NULL)::batonq.submit_reply;
+END $$;
+
+CREATE FUNCTION batonq._result_limit(p_queue text) RETURNS integer
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT max_body_bytes FROM batonq.queues WHERE name = p_queue), 131072);
+
+-- Complete a leased task with its result: it moves to the archive as done.
+CREATE FUNCTION batonq.complete(p_lease_token text, p_result jsonb DEFAULT NULL)
+RETURNS batonq.submit_reply
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_ref batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_id  bigint;
+BEGIN
+    PERFORM batonq._check_size('result', p_result, batonq._result_limit(v_ref.queue));
+    WITH moved AS (
+        DELETE FROM batonq.tasks t
+         WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
+           AND t.fencing_token = v_ref.fencing_token AND t.lease_secret = v_ref.secret
+           AND t.state IN ('leased', 'pending')
+        RETURNING t.*
+    ), archived AS (
+        INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
+                                    max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+                                    claimed_at, worker, stage, last_error, errors, result, finished_at)
+        SELECT id, queue, 'done', priority, run_at, created_at, payload, attempts,
+               max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+               claimed_at, worker, stage, last_error, errors, p_result, now()
+          FROM moved
+    )
+    INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
+    SELECT id, queue, fencing_token, 'complete', 'accepted', 'done', p_result FROM moved
+    RETURNING task_id INTO v_id;
+    IF v_id IS NULL THEN
+        RETURN batonq._refuse(v_ref, 'complete', p_result);
+    END IF;
+    RETURN ROW(v_ref.task_id, v_ref.queue, 'accepted', 'done', v_ref.fencing_token,
+               v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
+END $$;
+
+-- Complete many leased tasks in one call: one reply per token, in order.
+-- The live leases of each queue move in one set of statements; only the
+-- rest (replays, refusals) go one by one.
+CREATE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
+               fencing_token bigint, current_fencing_token bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue    text;
+    v_accepted bigint[] := '{}';
+    v_ids      bigint[];
+    v_limit    integer;
+    v_bad      integer;
+    v_item     record;
+    v_reply    batonq.submit_reply;
+BEGIN
+    IF cardinality(p_results) > cardinality(p_lease_tokens) THEN
+        PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
+    END IF;
+    FOR v_queue IN
+        SELECT DISTINCT (batonq._parse_token(tok)).queue FROM unnest(p_lease_tokens) AS u(tok)
+    LOOP
+        v_limit := batonq._result_limit(v_queue);
+        SELECT u.ord INTO v_bad
+          FROM unnest(p_lease_tokens, p_results) WITH ORDINALITY AS u(tok, res, ord)
+         WHERE octet_length(u.res::text) > v_limit AND u.tok LIKE v_queue || '/%'
+         LIMIT 1;
+        IF v_bad IS NOT NULL THEN
+            PERFORM batonq._check_size(format('result %s', v_bad), p_results[v_bad], v_limit);
+        END IF;
+        WITH input AS MATERIALIZED (
+            SELECT r.task_id, r.fencing_token, r.secret, u.res
+              FROM unnest(p_lease_tokens, p_results) AS u(tok, res),
+                   LATERAL batonq._parse_token(u.tok) r
+             WHERE r.queue = v_queue
+        ), moved AS (
+            DELETE FROM batonq.tasks t
+             USING input i
+             WHERE t.queue = v_queue AND t.id = ANY (ARRAY(SELECT task_id FROM input))
+               AND t.id = i.task_id AND t.fencing_token = i.fencing_token
+               AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
+            RETURNING t.*, i.res
+        ), archived AS (
+            INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
+                                        max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+                                        claimed_at, worker, stage, last_error, errors, result, finished_at)
+            SELECT id, queue, 'done', priority, run_at, created_at, payload, attempts,
+                   max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+                   claimed_at, worker, stage, last_error, errors, res, now()
+              FROM moved
+        ), recorded AS (
+            INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
+            SELECT id, queue, fencing_token, 'complete', 'accepted', 'done', res FROM moved
+            RETURNING task_id
+        )
+        SELECT array_agg(r.task_id) INTO v_ids FROM recorded r;
+        v_accepted := v_accepted || coalesce(v_ids, '{}');
+    END LOOP;
+    FOR v_item IN
+        SELECT u.ord::integer AS ord, u.tok, u.res, r.*
+          FROM unnest(p_lease_tokens, p_results) WITH ORDINALITY AS u(tok, res, ord),
+               LATERAL batonq._parse_token(u.tok) r
+         ORDER BY u.ord
+    LOOP
+        IF v_item.task_id = ANY (v_accepted) THEN
+            ord := v_item.ord; task_id := v_item.task_id; queue := v_item.queue;
+            outcome := 'accepted'; state := 'done';
+            fencing_token := v_item.fencing_token; current_fencing_token := v_item.fencing_token;
+        ELSE
+            v_reply := batonq._refuse(ROW(v_item.queue, v_item.task_id, v_item.fencing_token,
+                                          v_item.secret)::batonq.lease_ref, 'complete', v_item.res);
+            ord := v_item.ord; task_id := v_reply.task_id; queue := v_reply.queue;
+            outcome := v_reply.outcome; state := v_reply.state;
+            fencing_token := v_reply.fencing_token; current_fencing_token := v_reply.current_fencing_token;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
+-- Fail a leased task. requeue = false, or no attempts left: dead, in the
+-- archive. Otherwise pending again after retry_delay_s, or after the queue's
+-- backoff when none is given; the lease is given up either way. Every
+-- attempt's error is kept.
+CREATE FUNCTION batonq.fail(
+    p_lease_token   text,
+    p_error         jsonb DEFAULT NULL,
+    p_retry_delay_s double precision DEFAULT NULL,
+    p_requeue       boolean DEFAULT true
+) RETURNS batonq.submit_reply
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_ref   batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_queue batonq.queues;
+    v_task  batonq.tasks;
+    v_state text;
+    v_entry jsonb;
+BEGIN
+    IF p_retry_delay_s < 0 OR p_retry_delay_s > 315360000 THEN
+        PERFORM batonq._invalid_argument('retry_delay_s must be between 0 and 315360000 (10 years)');
+    END IF;
+    SELECT * INTO v_queue FROM batonq.queues WHERE name = v_ref.queue;
+    PERFORM batonq._check_size('error', p_error, coalesce(v_queue.max_body_bytes, 131072));
+    SELECT * INTO v_task FROM batonq.tasks t
+     WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
+       AND t.fencing_token = v_ref.fencing_token AND t.lease_secret = v_ref.secret
+       AND t.state IN ('leased', 'pending')
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN batonq._refuse(v_ref, 'fail', p_error);
+    END IF;
+    v_entry := batonq._attempt_error(v_task.attempts, v_task.fencing_token, p_error);
+    IF NOT p_requeue OR v_task.attempts >= v_task.max_attempts THEN
+        v_state := 'dead';
+        DELETE FROM batonq.tasks t WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id;
+        INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
+                                    max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+                                    claimed_at, worker, stage, last_error, errors, result, finished_at)
+        VALUES (v_task.id, v_task.queue, 'dead', v_task.priority, v_task.run_at, v_task.created_at,
+                v_task.payload, v_task.attempts, v_task.max_attempts, v_task.idempotency_key,
+                v_task.parent_id, v_task.root_id, v_task.fencing_token, v_task.claimed_at,
+                v_task.worker, v_task.stage, batonq._error_text(p_error), v_task.errors || v_entry,
+                NULL, now());
+    ELSE
+        v_state := 'pending';
+        UPDATE batonq.tasks t SET
+            state = 'pending',
+            run_at = now() + make_interval(secs => coalesce(p_retry_delay_s,
+                                                            batonq._backoff_s(v_queue, v_task.attempts))),
+            lease_secret = NULL,
+            lease_expires_at = NULL,
+            last_error = batonq._error_text(p_error),
+            errors = t.errors || v_entry
+         WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id;
+    END IF;
+    INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
+    VALUES (v_ref.task_id, v_ref.queue, v_ref.fencing_token, 'fail', 'accepted', v_state, p_error);
+    RETURN ROW(v_ref.task_id, v_ref.queue, 'accepted', v_state, v_ref.fencing_token,
+               v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
+END $$;
+
+-- Extend a lease by p_lease_s (default: the claim's lease length) from now,
+-- and optionally set the task's stage text. A lease that ran out with nobody
+-- claiming since is taken up again.
+CREATE FUNCTION batonq.heartbeat(
+    p_lease_token text,
+    p_lease_s     integer DEFAULT NULL,
+    p_stage       text DEFAULT NULL
+) RETURNS batonq.submit_reply
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_ref     batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_expires timestamptz;
+BEGIN
+    IF p_lease_s < 1 OR p_lease_s > 3600 THEN
+        PERFORM batonq._invalid_argument('lease_s must be between 1 and 3600');
+    END IF;
+    UPDATE batonq.tasks t SET
+        state = 'leased',
+        lease_s = coalesce(p_lease_s, t.lease_s),
+        lease_expires_at = now() + make_interval(secs => coalesce(p_lease_s, t.lease_s)),
+        stage = coalesce(p_stage, t.stage)
+     WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
+       AND t.fencing_token = v_ref.fencing_token AND t.lease_secret = v_ref.secret
+       AND t.state IN ('leased', 'pending')
+    RETURNING t.lease_expires_at INTO v_expires;
+    IF NOT FOUND THEN
+        RETURN batonq._refuse(v_ref, 'heartbeat', to_jsonb(p_stage));
+    END IF;
+    RETURN ROW(v_ref.task_id, v_ref.queue, 'accepted', 'leased', v_ref.fencing_token,
+               v_ref.fencing_token, v_expires,
+               extract(epoch FROM v_expires - now())::double precision)::batonq.submit_reply;
+END $$;
+
+-- Give a lease back unfinished (a worker shutting down): the task is
+-- claimable at once and the attempt is not counted.
+CREATE FUNCTION batonq.release_lease(p_lease_token text) RETURNS batonq.submit_reply
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_ref batonq.lease_ref := batonq._parse_token(p_lease_token);
+BEGIN
+    UPDATE batonq.tasks t SET
+        state = 'pending',
+        attempts = greatest(t.attempts - 1, 0),
+        lease_secret = NULL,
+        lease_expires_at = NULL,
+        run_at = least(t.run_at, now())
+     WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
+       AND t.fencing_token = v_ref.fencing_token AND t.lease_secret = v_ref.secret
+       AND t.state IN ('leased', 'pending');
+    IF NOT FOUND THEN
+        RETURN batonq._refuse(v_ref, 'release', NULL);
+    END IF;
+    PERFORM pg_notify('batonq', v_ref.queue);
+    RETURN ROW(v_ref.task_id, v_ref.queue, 'accepted', 'pending', v_ref.fencing_token,
+               v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
+END $$;
+
+INSERT INTO batonq.migrations (version, name) VALUES (5, 'submit');

@@ -1,0 +1,208 @@
+-- batonq 0006: reads, and operator actions on a task by id.
+
+CREATE FUNCTION batonq._hot_view(t batonq.tasks) RETURNS batonq.task_view
+LANGUAGE sql IMMUTABLE
+RETURN ROW(t.id, t.queue, t.state, t.priority, t.run_at, t.created_at, t.payload, t.attempts,
+           t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
+           t.lease_expires_at, t.claimed_at, t.worker, t.stage, t.last_error, t.errors,
+           NULL, NULL)::batonq.task_view;
+
+CREATE FUNCTION batonq._archive_view(a batonq.archive) RETURNS batonq.task_view
+LANGUAGE sql IMMUTABLE
+RETURN ROW(a.id, a.queue, a.state, a.priority, a.run_at, a.created_at, a.payload, a.attempts,
+           a.max_attempts, a.idempotency_key, a.parent_id, a.root_id, a.fencing_token,
+           NULL, a.claimed_at, a.worker, a.stage, a.last_error, a.errors,
+           a.result, a.finished_at)::batonq.task_view;
+
+-- One task by id, hot or archived, with its attempt history (errors).
+CREATE FUNCTION batonq.get_task(p_task_id bigint) RETURNS batonq.task_view
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_task batonq.task_view;
+BEGIN
+    SELECT (batonq._hot_view(t)).* INTO v_task FROM batonq.tasks t WHERE t.id = p_task_id;
+    IF NOT FOUND THEN
+        SELECT (batonq._archive_view(a)).* INTO v_task FROM batonq.archive a WHERE a.id = p_task_id;
+    END IF;
+    IF v_task.id IS NULL THEN
+        RAISE EXCEPTION 'task % not found', p_task_id
+            USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_task_id)::text;
+    END IF;
+    RETURN v_task;
+END $$;
+
+-- The newest tasks of a queue, optionally in one state; p_before_id pages
+-- back (pass the last id you saw).
+CREATE FUNCTION batonq.list_tasks(
+    p_queue     text,
+    p_state     text DEFAULT NULL,
+    p_limit     integer DEFAULT 50,
+    p_before_id bigint DEFAULT NULL
+) RETURNS SETOF batonq.task_view
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM batonq._check_queue_name(p_queue);
+    IF p_state IS NOT NULL AND p_state NOT IN
+       ('waiting', 'held', 'pending', 'leased', 'done', 'dead', 'cancelled') THEN
+        PERFORM batonq._invalid_argument(
+            'state must be one of waiting, held, pending, leased, done, dead, cancelled');
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
+        PERFORM batonq._invalid_argument('limit must be between 1 and 1000');
+    END IF;
+    RETURN QUERY
+    SELECT v.* FROM (
+        (SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
+          WHERE t.queue = p_queue AND (p_state IS NULL OR t.state = p_state)
+            AND t.id < coalesce(p_before_id, 9223372036854775807)
+            AND coalesce(p_state, '') NOT IN ('done', 'dead', 'cancelled')
+          ORDER BY t.id DESC LIMIT p_limit)
+        UNION ALL
+        (SELECT (batonq._archive_view(a)).* FROM batonq.archive a
+          WHERE a.queue = p_queue AND (p_state IS NULL OR a.state = p_state)
+            AND a.id < coalesce(p_before_id, 9223372036854775807)
+            AND coalesce(p_state, 'done') IN ('done', 'dead', 'cancelled')
+          ORDER BY a.id DESC LIMIT p_limit)
+    ) v
+    ORDER BY v.id DESC LIMIT p_limit;
+END $$;
+
+-- Per queue: its settings, how many tasks are in each state, and the age of
+-- the oldest claimable task. NULL p_queue means every queue.
+CREATE FUNCTION batonq.queue_stats(p_queue text DEFAULT NULL)
+RETURNS TABLE (queue text, paused boolean, waiting bigint, held bigint, pending bigint,
+               scheduled bigint, leased bigint, done bigint, dead bigint, cancelled bigint,
+               oldest_pending_age_s double precision)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT q.name, q.paused,
+           coalesce(h.waiting, 0), coalesce(h.held, 0), coalesce(h.pending, 0),
+           coalesce(h.scheduled, 0), coalesce(h.leased, 0),
+           coalesce(a.done, 0), coalesce(a.dead, 0), coalesce(a.cancelled, 0),
+           h.oldest_pending_age_s
+      FROM batonq.queues q
+      LEFT JOIN LATERAL (
+          SELECT count(*) FILTER (WHERE t.state = 'waiting') AS waiting,
+                 count(*) FILTER (WHERE t.state = 'held') AS held,
+                 count(*) FILTER (WHERE t.state = 'pending' AND t.run_at <= now()) AS pending,
+                 count(*) FILTER (WHERE t.state = 'pending' AND t.run_at > now()) AS scheduled,
+                 count(*) FILTER (WHERE t.state = 'leased') AS leased,
+                 extract(epoch FROM now() - min(t.run_at) FILTER (
+                     WHERE t.state = 'pending' AND t.run_at <= now()))::double precision
+                     AS oldest_pending_age_s
+            FROM batonq.tasks t WHERE t.queue = q.name
+      ) h ON true
+      LEFT JOIN LATERAL (
+          SELECT count(*) FILTER (WHERE x.state = 'done') AS done,
+                 count(*) FILTER (WHERE x.state = 'dead') AS dead,
+                 count(*) FILTER (WHERE x.state = 'cancelled') AS cancelled
+            FROM batonq.archive x WHERE x.queue = q.name
+      ) a ON true
+     WHERE p_queue IS NULL OR q.name = p_queue
+     ORDER BY q.name;
+END;
+
+CREATE FUNCTION batonq.list_queues() RETURNS SETOF batonq.queues
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM batonq.queues ORDER BY name;
+END;
+
+CREATE FUNCTION batonq._wrong_state(p_task_id bigint, p_state text, p_action text, p_allowed text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_state IS NULL THEN
+        RAISE EXCEPTION 'task % not found', p_task_id
+            USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_task_id)::text;
+    END IF;
+    RAISE EXCEPTION 'cannot % task %: it is %, and only % tasks can be', p_action, p_task_id, p_state, p_allowed
+        USING ERRCODE = 'BQ007',
+              DETAIL = jsonb_build_object('task_id', p_task_id, 'state', p_state)::text;
+END $$;
+
+CREATE FUNCTION batonq._state_of(p_task_id bigint) RETURNS text
+LANGUAGE sql STABLE
+RETURN coalesce((SELECT state FROM batonq.tasks WHERE id = p_task_id),
+                (SELECT state FROM batonq.archive WHERE id = p_task_id LIMIT 1));
+
+-- Operator: run a dead or cancelled task again, from attempt 0. Its history
+-- (errors) is kept.
+CREATE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_task batonq.tasks;
+BEGIN
+    WITH revived AS (
+        DELETE FROM batonq.archive a WHERE a.id = p_task_id AND a.state IN ('dead', 'cancelled')
+        RETURNING a.*
+    )
+    INSERT INTO batonq.tasks (id, queue, state, priority, run_at, created_at, payload, attempts,
+                              max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+                              last_error, errors)
+    SELECT id, queue, 'pending', priority, now(), created_at, payload, 0,
+           max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+           last_error, errors
+      FROM revived
+    RETURNING * INTO v_task;
+    IF v_task.id IS NULL THEN
+        PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'retry', 'dead or cancelled');
+    END IF;
+    PERFORM pg_notify('batonq', v_task.queue);
+    RETURN batonq._hot_view(v_task);
+END $$;
+
+-- Operator: cancel an unfinished task. A holder's later complete is refused.
+CREATE FUNCTION batonq.cancel_task(p_task_id bigint) RETURNS batonq.task_view
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_task batonq.archive;
+BEGIN
+    WITH gone AS (
+        DELETE FROM batonq.tasks t WHERE t.id = p_task_id RETURNING t.*
+    )
+    INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
+                                max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+                                claimed_at, worker, stage, last_error, errors, result, finished_at)
+    SELECT id, queue, 'cancelled', priority, run_at, created_at, payload, attempts,
+           max_attempts, idempotency_key, parent_id, root_id, fencing_token,
+           claimed_at, worker, stage, last_error, errors, NULL, now()
+      FROM gone
+    RETURNING * INTO v_task;
+    IF v_task.id IS NULL THEN
+        PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'cancel', 'unfinished');
+    END IF;
+    RETURN batonq._archive_view(v_task);
+END $$;
+
+-- Operator: keep a pending task back until released.
+CREATE FUNCTION batonq.hold_task(p_task_id bigint) RETURNS batonq.task_view
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_task batonq.tasks;
+BEGIN
+    UPDATE batonq.tasks t SET state = 'held' WHERE t.id = p_task_id AND t.state = 'pending'
+    RETURNING * INTO v_task;
+    IF v_task.id IS NULL THEN
+        PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'hold', 'pending');
+    END IF;
+    RETURN batonq._hot_view(v_task);
+END $$;
+
+-- Operator: make a held task claimable.
+CREATE FUNCTION batonq.release_task(p_task_id bigint) RETURNS batonq.task_view
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_task batonq.tasks;
+BEGIN
+    UPDATE batonq.tasks t SET state = 'pending'
+     WHERE t.id = p_task_id AND t.state = 'held'
+    RETURNING * INTO v_task;
+    IF v_task.id IS NULL THEN
+        PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'release', 'held');
+    END IF;
+    PERFORM pg_notify('batonq', v_task.queue);
+    RETURN batonq._hot_view(v_task);
+END $$;
+
+INSERT INTO batonq.migrations (version, name) VALUES (6, 'operator');

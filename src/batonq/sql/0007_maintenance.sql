@@ -1,0 +1,101 @@
+-- batonq 0007: archive partitions and retention.
+
+-- Make the daily partitions of batonq.archive and batonq.submits (UTC days)
+-- from p_from for p_days days. A day whose rows already sit in the default
+-- partition is skipped: those rows stay there until retention deletes them.
+CREATE FUNCTION batonq.ensure_partitions(p_from date DEFAULT NULL, p_days integer DEFAULT 4)
+RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_from    date := coalesce(p_from, (now() AT TIME ZONE 'UTC')::date - 1);
+    v_day     date;
+    v_table   text;
+    v_name    text;
+    v_created integer := 0;
+BEGIN
+    FOREACH v_table IN ARRAY ARRAY['archive', 'submits'] LOOP
+        FOR i IN 0..p_days - 1 LOOP
+            v_day := v_from + i;
+            v_name := v_table || '_' || to_char(v_day, 'YYYYMMDD');
+            CONTINUE WHEN to_regclass('batonq.' || v_name) IS NOT NULL;
+            BEGIN
+                EXECUTE format('CREATE TABLE batonq.%I PARTITION OF batonq.%I FOR VALUES FROM (%L) TO (%L)',
+                               v_name, v_table,
+                               v_day::timestamp AT TIME ZONE 'UTC',
+                               (v_day + 1)::timestamp AT TIME ZONE 'UTC');
+                v_created := v_created + 1;
+            EXCEPTION WHEN check_violation OR duplicate_table THEN
+                NULL;
+            END;
+        END LOOP;
+    END LOOP;
+    RETURN v_created;
+END $$;
+
+-- Retention: finished tasks older than their queue's retention_s go, with
+-- their submit records and idempotency keys. Whole day partitions older than
+-- the longest retention are dropped; queues that keep less lose their older
+-- rows by DELETE, p_batch at a time. Returns what it removed.
+CREATE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_keep_s     integer := coalesce((SELECT max(retention_s) FROM batonq.queues), 604800);
+    v_cutoff     date := ((now() - make_interval(secs => v_keep_s)) AT TIME ZONE 'UTC')::date;
+    v_part       record;
+    v_dropped    integer := 0;
+    v_rows       integer := 0;
+    v_keys       integer := 0;
+BEGIN
+    FOR v_part IN
+        SELECT c.relname
+          FROM pg_inherits i
+          JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent IN ('batonq.archive'::regclass, 'batonq.submits'::regclass)
+           AND c.relname ~ '_[0-9]{8}$'
+           AND to_date(right(c.relname, 8), 'YYYYMMDD') < v_cutoff
+    LOOP
+        EXECUTE format('DROP TABLE batonq.%I', v_part.relname);
+        v_dropped := v_dropped + 1;
+    END LOOP;
+
+    WITH old AS (
+        SELECT a.id, a.finished_at FROM batonq.archive a JOIN batonq.queues q ON q.name = a.queue
+         WHERE a.finished_at < now() - make_interval(secs => q.retention_s)
+         LIMIT p_batch
+    )
+    DELETE FROM batonq.archive a USING old
+     WHERE a.id = old.id AND a.finished_at = old.finished_at;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+
+    DELETE FROM batonq.submits s
+     WHERE s.ctid = ANY (ARRAY(
+        SELECT s2.ctid FROM batonq.submits s2 JOIN batonq.queues q ON q.name = s2.queue
+         WHERE s2.at < now() - make_interval(secs => q.retention_s)
+         LIMIT p_batch));
+
+    -- A key is kept while its task is: in the hot table, or in the archive.
+    WITH old AS (
+        SELECT k.queue, k.key FROM batonq.idempotency_keys k JOIN batonq.queues q ON q.name = k.queue
+         WHERE k.created_at < now() - make_interval(secs => q.retention_s)
+           AND NOT EXISTS (SELECT FROM batonq.tasks t WHERE t.queue = k.queue AND t.id = k.task_id)
+           AND NOT EXISTS (SELECT FROM batonq.archive a WHERE a.id = k.task_id)
+         LIMIT p_batch
+    )
+    DELETE FROM batonq.idempotency_keys k USING old WHERE k.queue = old.queue AND k.key = old.key;
+    GET DIAGNOSTICS v_keys = ROW_COUNT;
+
+    RETURN jsonb_build_object('partitions_dropped', v_dropped, 'archived_deleted', v_rows,
+                              'keys_deleted', v_keys);
+END $$;
+
+-- What the sweeper runs every minute or so.
+CREATE FUNCTION batonq.maintain() RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RETURN jsonb_build_object('partitions_created', batonq.ensure_partitions())
+           || batonq.run_retention();
+END $$;
+
+SELECT batonq.ensure_partitions();
+
+INSERT INTO batonq.migrations (version, name) VALUES (7, 'maintenance');

@@ -1,0 +1,68 @@
+"""The sweeper: expires leases in queues nobody is claiming from, and keeps
+the archive's partitions and retention. Any process may run one; an advisory
+lock elects a single leader, and the others stand by to take over."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psycopg
+
+__all__ = ["Sweeper"]
+
+log = logging.getLogger("batonq.sweeper")
+_LEADER_KEY = 0x6261_746F_6E71_01  # "batonq" + 1
+
+
+class Sweeper:
+    """Runs ``batonq.sweep()`` about every ``interval_s`` seconds and
+    ``batonq.maintain()`` every ``maintain_every_s``, while leader."""
+
+    def __init__(self, dsn: str, *, interval_s: float = 1.0, maintain_every_s: float = 60.0) -> None:
+        self._dsn = dsn
+        self.interval_s = interval_s
+        self.maintain_every_s = maintain_every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.is_leader = False
+        self.swept = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="batonq-sweeper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    self._lead(conn)
+            except psycopg.Error as error:
+                self.is_leader = False
+                log.warning("sweeper connection lost (%s); retrying", error)
+                self._stop.wait(self.interval_s)
+
+    def _lead(self, conn: psycopg.Connection) -> None:
+        next_maintain = 0.0
+        while not self._stop.is_set():
+            if not self.is_leader:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_KEY,)).fetchone()
+                self.is_leader = bool(row and row[0])
+                if self.is_leader:
+                    log.info("sweeper is leader")
+            if self.is_leader:
+                row = conn.execute("SELECT batonq.sweep()").fetchone()
+                self.swept += int(row[0]) if row else 0
+                if time.monotonic() >= next_maintain:
+                    conn.execute("SELECT batonq.maintain()")
+                    next_maintain = time.monotonic() + self.maintain_every_s
+            self._stop.wait(self.interval_s)
