@@ -1,0 +1,128 @@
+"""Test databases on a real PostgreSQL.
+
+``BATONQ_TEST_DATABASE_URL`` names the server (default: the machine's at
+127.0.0.1:5432); ``embedded`` starts a private one from pgserver. The schema is
+migrated once into a template database; every test gets its own copy.
+The worker path runs as a login role that is only a member of batonq_worker.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+import warnings
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+import batonq
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+WORKER_ROLE = "batonq_test_worker"
+READER_ROLE = "batonq_test_reader"
+
+
+def _server_dsn() -> Iterator[str]:
+    url = os.environ.get("BATONQ_TEST_DATABASE_URL", DEFAULT_SERVER)
+    if url != "embedded":
+        yield url
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        with tempfile.TemporaryDirectory(prefix="batonq-test-pg-") as pgdata:
+            server = pgserver.get_server(pgdata, cleanup_mode="stop")
+            yield server.get_uri()
+            server.cleanup()
+
+
+def with_db(dsn: str, dbname: str, **extra: Any) -> str:
+    params = conninfo_to_dict(dsn)
+    params.update(dbname=dbname, **extra)
+    return make_conninfo(**params)
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    yield from _server_dsn()
+
+
+@pytest.fixture(scope="session")
+def template_db(server_dsn: str) -> Iterator[str]:
+    name = f"batonq_tmpl_{os.getpid()}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    batonq.migrate(with_db(server_dsn, name))
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        for role, member_of in ((WORKER_ROLE, "batonq_worker"), (READER_ROLE, "batonq_reader")):
+            try:
+                conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {member_of}")
+            except psycopg.errors.DuplicateObject:
+                pass
+    yield name
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def admin_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh migrated database, as its owner (a superuser)."""
+    name = f"batonq_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield with_db(server_dsn, name)
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def dsn(admin_dsn: str) -> str:
+    """The same database as a role with nothing but batonq_worker's grants."""
+    return with_db(admin_dsn, conninfo_to_dict(admin_dsn)["dbname"], user=WORKER_ROLE)
+
+
+@pytest.fixture
+def reader_dsn(admin_dsn: str) -> str:
+    return with_db(admin_dsn, conninfo_to_dict(admin_dsn)["dbname"], user=READER_ROLE)
+
+
+@pytest.fixture
+def client(dsn: str) -> Iterator[batonq.Client]:
+    with batonq.connect(dsn, poll_interval_s=0.2) as c:
+        yield c
+
+
+@pytest.fixture
+def admin(admin_dsn: str) -> Iterator[batonq.Client]:
+    """A client as the schema owner: operator actions, queue settings."""
+    with batonq.connect(admin_dsn) as c:
+        yield c
+
+
+@pytest.fixture
+async def aclient(dsn: str) -> AsyncIterator[batonq.AsyncClient]:
+    async with await batonq.connect_async(dsn, poll_interval_s=0.2) as c:
+        yield c
+
+
+@pytest.fixture
+def sql(admin_dsn: str) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+    """A superuser connection for looking behind the engine's back."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        yield conn
+
+
+def age(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Move the database's clock forward for batonq by pulling every task
+    timestamp back: leases expire and delays pass as if time went by."""
+    conn.execute(
+        """UPDATE batonq.tasks SET run_at = run_at - make_interval(secs => %(s)s),
+                  lease_expires_at = lease_expires_at - make_interval(secs => %(s)s)""",
+        {"s": seconds},
+    )
