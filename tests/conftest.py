@@ -8,6 +8,7 @@ The worker path runs as a login role that is only a member of batonq_worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import uuid
@@ -61,10 +62,8 @@ def template_db(server_dsn: str) -> Iterator[str]:
     batonq.migrate(with_db(server_dsn, name))
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         for role, member_of in ((WORKER_ROLE, "batonq_worker"), (READER_ROLE, "batonq_reader")):
-            try:
+            with contextlib.suppress(psycopg.errors.DuplicateObject):
                 conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {member_of}")
-            except psycopg.errors.DuplicateObject:
-                pass
     yield name
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

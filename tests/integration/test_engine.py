@@ -6,9 +6,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from tests.conftest import age
 
 import batonq
-from tests.conftest import age
 
 Q = "shop:tasks"
 
