@@ -10,6 +10,8 @@ from tests.conftest import age
 
 import batonq
 
+pytestmark = pytest.mark.smoke
+
 Q = "shop:tasks"
 
 
