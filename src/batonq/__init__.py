@@ -14,6 +14,7 @@ from batonq.client import AsyncClient, connect_async
 from batonq.client_sync import Client, connect
 from batonq.errors import (
     BatonqError,
+    GraphCycle,
     InvalidArgument,
     InvalidQueueName,
     InvalidState,
@@ -26,7 +27,7 @@ from batonq.errors import (
     TaskNotFound,
 )
 from batonq.migrate import migrate
-from batonq.models import Enqueued, Lease, QueueConfig, QueueStats, Submitted, Task
+from batonq.models import Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
 from batonq.sweeper import Sweeper
 
 __version__ = "0.1.0"
@@ -35,7 +36,9 @@ __all__ = [
     "AsyncClient",
     "BatonqError",
     "Client",
+    "Edge",
     "Enqueued",
+    "GraphCycle",
     "InvalidArgument",
     "InvalidQueueName",
     "InvalidState",
@@ -46,6 +49,7 @@ __all__ = [
     "QueueConfig",
     "QueueNotFound",
     "QueueStats",
+    "RunStatus",
     "SchemaMissing",
     "Submitted",
     "Sweeper",

@@ -20,8 +20,8 @@ from batonq import operations
 from batonq.embedded import resolve_dsn
 from batonq.errors import from_database_error
 from batonq.listener import Listener, NoListener
-from batonq.models import JSON, Enqueued, Lease, QueueConfig, QueueStats, Submitted, Task
-from batonq.operations import Call
+from batonq.models import JSON, Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
+from batonq.operations import MISSING, Call
 from batonq.sweeper import Sweeper
 
 __all__ = ["Client", "connect"]
@@ -309,6 +309,53 @@ class Client:
     def maintain(self) -> dict[str, int]:
         """Make archive partitions and apply retention now."""
         return self._run(operations.maintain())
+
+    def add_edge(
+        self,
+        from_queue: str,
+        to_queue: str,
+        *,
+        map: str | None = None,
+        fan_out: str | None = None,
+        when: str | None = None,
+        equals: JSON = MISSING,
+        present: bool | None = None,
+        join: bool = False,
+        partial: bool = False,
+        priority: int | None = None,
+        delay_s: float = 0.0,
+    ) -> Edge:
+        """Hand each result of ``from_queue`` on to ``to_queue``.
+
+        - ``map``: JSON pointer into the result for the next payload (default: all of it);
+        - ``fan_out``: JSON pointer to an array, one downstream task per element;
+        - ``when`` with ``equals=value`` or ``present=True/False``: route only matching results;
+        - ``join``: ``to_queue`` collects a fan-out into ``from_queue`` (``partial``: dead
+          elements give null instead of a dead join);
+        - ``priority`` (default: inherited) and ``delay_s`` for the new tasks.
+
+        Raises ``GraphCycle`` when the edge would close a cycle.
+        """
+        call = operations.add_edge(
+            from_queue, to_queue, map=map, fan_out=fan_out, when=when, equals=equals,
+            present=present, join=join, partial=partial, priority=priority, delay_s=delay_s,
+        )  # fmt: skip
+        return self._run(call)
+
+    def remove_edge(self, from_queue: str, to_queue: str) -> bool:
+        """Stop new batons along an edge; tasks already handed on go on."""
+        return self._run(operations.remove_edge(from_queue, to_queue))
+
+    def edges(self) -> list[Edge]:
+        return self._run(operations.edges())
+
+    def run_tasks(self, root_id: int | str) -> list[Task]:
+        """Every task of a run (the lineage under one root), oldest first."""
+        return self._run(operations.run_tasks(root_id))
+
+    def run_status(self, root_id: int | str) -> RunStatus:
+        """running, done, or failed at its first dead task (with the error)."""
+        return self._run(operations.run_status(root_id))
 
 
 def connect(dsn: str | None = None, **options: Any) -> Client:

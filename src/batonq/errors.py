@@ -9,13 +9,16 @@ import psycopg
 
 __all__ = [
     "BatonqError",
+    "GraphCycle",
     "InvalidArgument",
     "InvalidQueueName",
     "InvalidState",
     "InvalidToken",
     "LeaseLost",
     "PayloadTooLarge",
+    "PermanentError",
     "QueueNotFound",
+    "Retry",
     "SchemaMissing",
     "TaskFinished",
     "TaskNotFound",
@@ -68,6 +71,12 @@ class InvalidState(BatonqError):
     code = "invalid_state"
 
 
+class GraphCycle(BatonqError):
+    """An edge that would close a cycle in the queue graph; ``cycle`` names it."""
+
+    code = "graph_cycle"
+
+
 class SchemaMissing(BatonqError):
     code = "schema_missing"
 
@@ -106,6 +115,33 @@ class TaskFinished(LeaseLost):
     """The lease is no longer held because the task is done, dead or cancelled."""
 
 
+class PermanentError(BatonqError):
+    """Raise from a handler to fail its task for good: dead now, no retry.
+
+    Usage: ``raise batonq.PermanentError("order 17 does not exist")``
+    """
+
+    code = "permanent_error"
+
+
+class Retry(BatonqError):
+    """Raise from a handler to retry its task after ``delay_s`` seconds.
+
+    ``delay_s=None`` uses the queue's exponential backoff. The attempt still
+    counts: past ``max_attempts`` the task is dead.
+
+    Usage: ``raise batonq.Retry(delay_s=30, message="rate limited")``
+    """
+
+    code = "retry"
+
+    def __init__(self, delay_s: float | None = None, message: str = "retry requested") -> None:
+        if delay_s is not None and delay_s < 0:
+            raise ValueError("delay_s must be at least 0")
+        super().__init__(message, delay_s=delay_s)
+        self.delay_s = delay_s
+
+
 _BY_SQLSTATE: dict[str, type[BatonqError]] = {
     "BQ001": InvalidQueueName,
     "BQ002": TaskNotFound,
@@ -114,6 +150,7 @@ _BY_SQLSTATE: dict[str, type[BatonqError]] = {
     "BQ005": InvalidToken,
     "BQ006": QueueNotFound,
     "BQ007": InvalidState,
+    "BQ008": GraphCycle,
 }
 
 

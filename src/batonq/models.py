@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Enqueued", "Lease", "QueueConfig", "QueueStats", "Submitted", "Task"]
+__all__ = ["Edge", "Enqueued", "Lease", "QueueConfig", "QueueStats", "RunStatus", "Submitted", "Task"]
 
 JSON = Any
 """Any value that JSON can hold."""
@@ -130,3 +130,38 @@ class QueueConfig:
     max_body_bytes: int
     paused: bool
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """An edge of the queue graph: what a finished task in ``from_queue``
+    hands to ``to_queue``. Pointers are JSON pointers (``/items/0``)."""
+
+    from_queue: str
+    to_queue: str
+    map: str | None
+    fan_out: str | None
+    when_pointer: str | None
+    when_equals: JSON
+    when_present: bool | None
+    is_join: bool
+    partial: bool
+    priority: int | None
+    delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """A run (every task under one root), derived from its tasks' states:
+    ``failed`` names the first dead task and its error."""
+
+    root_id: int
+    status: str
+    tasks: int
+    unfinished: int
+    done: int
+    dead: int
+    cancelled: int
+    failed_task_id: int | None
+    failed_queue: str | None
+    error: str | None

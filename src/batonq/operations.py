@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 from psycopg.types.json import Jsonb
 
 from batonq.errors import InvalidArgument, LeaseLost, TaskFinished
-from batonq.models import JSON, Enqueued, Lease, QueueConfig, QueueStats, Submitted, Task
+from batonq.models import JSON, Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -244,3 +244,65 @@ def sweep() -> Call[int]:
 
 def maintain() -> Call[dict[str, int]]:
     return Call("SELECT batonq.maintain()", (), lambda rows: dict(rows[0][0]))
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""Marks an argument not given, where None (JSON null) is a value."""
+
+
+def add_edge(
+    from_queue: str,
+    to_queue: str,
+    *,
+    map: str | None = None,
+    fan_out: str | None = None,
+    when: str | None = None,
+    equals: JSON = MISSING,
+    present: bool | None = None,
+    join: bool = False,
+    partial: bool = False,
+    priority: int | None = None,
+    delay_s: float = 0.0,
+) -> Call[Edge]:
+    if when is not None and equals is MISSING and present is None:
+        present = True
+    return Call(
+        "SELECT * FROM batonq.add_edge(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            from_queue,
+            to_queue,
+            map,
+            fan_out,
+            when,
+            None if equals is MISSING else _json(equals),
+            present,
+            join,
+            partial,
+            priority,
+            float(delay_s),
+        ),
+        _one(Edge),
+    )
+
+
+def remove_edge(from_queue: str, to_queue: str) -> Call[bool]:
+    return Call(
+        "SELECT batonq.remove_edge(%s, %s)", (from_queue, to_queue), lambda rows: bool(rows[0][0])
+    )
+
+
+def edges() -> Call[list[Edge]]:
+    return Call("SELECT * FROM batonq.list_edges()", (), _all(Edge))
+
+
+def run_tasks(root_id: int | str) -> Call[list[Task]]:
+    return Call("SELECT * FROM batonq.run_tasks(%s)", (task_id(root_id),), _all(Task))
+
+
+def run_status(root_id: int | str) -> Call[RunStatus]:
+    return Call("SELECT * FROM batonq.run_status(%s)", (task_id(root_id),), _one(RunStatus))

@@ -61,6 +61,10 @@ CREATE TABLE batonq.tasks (
     stage            text,
     last_error       text,
     errors           jsonb NOT NULL DEFAULT '[]',
+    -- A fan-out element collected by a join: the join's task, and this
+    -- element's place in the list of results.
+    join_task_id     bigint,
+    fan_index        integer,
     PRIMARY KEY (id, queue)
 ) PARTITION BY HASH (queue);
 
@@ -104,6 +108,8 @@ CREATE TABLE batonq.archive (
     stage            text,
     last_error       text,
     errors           jsonb NOT NULL,
+    join_task_id     bigint,
+    fan_index        integer,
     result           jsonb,
     finished_at      timestamptz NOT NULL
 ) PARTITION BY RANGE (finished_at);
@@ -116,6 +122,7 @@ CREATE INDEX archive_id_idx ON batonq.archive (id);
 CREATE INDEX archive_queue_idx ON batonq.archive (queue, state, id DESC);
 CREATE INDEX archive_recent_idx ON batonq.archive (queue, id DESC);
 CREATE INDEX archive_root_idx ON batonq.archive (root_id);
+CREATE INDEX archive_join_idx ON batonq.archive (join_task_id, fan_index) WHERE join_task_id IS NOT NULL;
 
 -- Idempotent enqueue: the first task to take (queue, key) keeps it for as
 -- long as that task is retained.

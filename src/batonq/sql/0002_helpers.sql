@@ -5,7 +5,7 @@
 -- DETAIL, which clients map to their exceptions:
 --   BQ001 invalid_queue_name   BQ002 task_not_found   BQ003 too_large
 --   BQ004 invalid_argument     BQ005 invalid_token    BQ006 queue_not_found
---   BQ007 invalid_state
+--   BQ007 invalid_state        BQ008 graph_cycle
 -- A write refused because its lease is gone is not an error here: it is a
 -- reply with outcome 'lease_lost', so the refusal can be recorded in the
 -- submit ledger in the same transaction.
@@ -110,6 +110,17 @@ CREATE TYPE batonq.task_view AS (
     lease_expires_at timestamptz, claimed_at timestamptz, worker text, stage text,
     last_error text, errors jsonb, result jsonb, finished_at timestamptz
 );
+
+-- A hot row as it enters the archive, finished in p_state. NULL for
+-- p_last_error or p_errors keeps the row's own.
+CREATE FUNCTION batonq._archive_row(t batonq.tasks, p_state text, p_result jsonb,
+                                    p_last_error text DEFAULT NULL, p_errors jsonb DEFAULT NULL)
+RETURNS batonq.archive
+LANGUAGE sql STABLE
+RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload, t.attempts,
+           t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
+           t.claimed_at, t.worker, t.stage, coalesce(p_last_error, t.last_error),
+           coalesce(p_errors, t.errors), t.join_task_id, t.fan_index, p_result, now())::batonq.archive;
 
 -- The reply to every write about a leased task.
 CREATE TYPE batonq.submit_reply AS (

@@ -8,8 +8,9 @@ CREATE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_ids   bigint[];
-    v_count integer;
+    v_ids    bigint[];
+    v_count  integer;
+    v_joined bigint[];
 BEGIN
     v_ids := ARRAY(
         SELECT id FROM batonq.tasks
@@ -33,17 +34,19 @@ BEGIN
     WITH dead AS (
         DELETE FROM batonq.tasks t
          WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased'
-        RETURNING t.*
+        RETURNING t
+    ), archived AS (
+        INSERT INTO batonq.archive
+        SELECT (batonq._archive_row(d.t, 'dead', NULL, 'lease expired after max attempts',
+                (d.t).errors || batonq._attempt_error((d.t).attempts, (d.t).fencing_token,
+                                                      '"lease expired after max attempts"'))).*
+          FROM dead d
+        RETURNING id, join_task_id
     )
-    INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
-                                max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                                claimed_at, worker, stage, last_error, errors, result, finished_at)
-    SELECT id, queue, 'dead', priority, run_at, created_at, payload, attempts,
-           max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-           claimed_at, worker, stage, 'lease expired after max attempts',
-           errors || batonq._attempt_error(attempts, fencing_token, '"lease expired after max attempts"'),
-           NULL, now()
-      FROM dead;
+    SELECT array_agg(a.id) FILTER (WHERE a.join_task_id IS NOT NULL) INTO v_joined FROM archived a;
+    IF v_joined IS NOT NULL THEN
+        PERFORM batonq._on_dead(p_queue, v_joined);
+    END IF;
     RETURN cardinality(v_ids);
 END $$;
 

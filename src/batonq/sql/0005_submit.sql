@@ -65,8 +65,9 @@ RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_ref batonq.lease_ref := batonq._parse_token(p_lease_token);
-    v_id  bigint;
+    v_ref    batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_id     bigint;
+    v_joined boolean;
 BEGIN
     PERFORM batonq._check_size('result', p_result, batonq._result_limit(v_ref.queue));
     WITH moved AS (
@@ -74,21 +75,21 @@ BEGIN
          WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
            AND t.fencing_token = v_ref.fencing_token AND t.lease_secret = v_ref.secret
            AND t.state IN ('leased', 'pending')
-        RETURNING t.*
+        RETURNING t
     ), archived AS (
-        INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
-                                    max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                                    claimed_at, worker, stage, last_error, errors, result, finished_at)
-        SELECT id, queue, 'done', priority, run_at, created_at, payload, attempts,
-               max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-               claimed_at, worker, stage, last_error, errors, p_result, now()
-          FROM moved
+        INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', p_result)).* FROM moved m
+    ), recorded AS (
+        INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
+        SELECT (m.t).id, (m.t).queue, (m.t).fencing_token, 'complete', 'accepted', 'done', p_result
+          FROM moved m
     )
-    INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
-    SELECT id, queue, fencing_token, 'complete', 'accepted', 'done', p_result FROM moved
-    RETURNING task_id INTO v_id;
+    SELECT (m.t).id, (m.t).join_task_id IS NOT NULL INTO v_id, v_joined FROM moved m;
     IF v_id IS NULL THEN
         RETURN batonq._refuse(v_ref, 'complete', p_result);
+    END IF;
+    -- The batons leave in the transaction that accepts the completion.
+    IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_ref.queue) THEN
+        PERFORM batonq._hand_off(v_ref.queue, ARRAY[v_id]);
     END IF;
     RETURN ROW(v_ref.task_id, v_ref.queue, 'accepted', 'done', v_ref.fencing_token,
                v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
@@ -106,6 +107,7 @@ DECLARE
     v_queue    text;
     v_accepted bigint[] := '{}';
     v_ids      bigint[];
+    v_joined   boolean;
     v_limit    integer;
     v_bad      integer;
     v_item     record;
@@ -136,21 +138,19 @@ BEGIN
              WHERE t.queue = v_queue AND t.id = ANY (ARRAY(SELECT task_id FROM input))
                AND t.id = i.task_id AND t.fencing_token = i.fencing_token
                AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
-            RETURNING t.*, i.res
+            RETURNING t, i.res
         ), archived AS (
-            INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
-                                        max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                                        claimed_at, worker, stage, last_error, errors, result, finished_at)
-            SELECT id, queue, 'done', priority, run_at, created_at, payload, attempts,
-                   max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                   claimed_at, worker, stage, last_error, errors, res, now()
-              FROM moved
+            INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', m.res)).* FROM moved m
         ), recorded AS (
             INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
-            SELECT id, queue, fencing_token, 'complete', 'accepted', 'done', res FROM moved
-            RETURNING task_id
+            SELECT (m.t).id, (m.t).queue, (m.t).fencing_token, 'complete', 'accepted', 'done', m.res
+              FROM moved m
         )
-        SELECT array_agg(r.task_id) INTO v_ids FROM recorded r;
+        SELECT array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL) INTO v_ids, v_joined
+          FROM moved m;
+        IF v_joined OR (v_ids IS NOT NULL AND EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_queue)) THEN
+            PERFORM batonq._hand_off(v_queue, v_ids);
+        END IF;
         v_accepted := v_accepted || coalesce(v_ids, '{}');
     END LOOP;
     FOR v_item IN
@@ -210,14 +210,12 @@ BEGIN
     IF NOT p_requeue OR v_task.attempts >= v_task.max_attempts THEN
         v_state := 'dead';
         DELETE FROM batonq.tasks t WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id;
-        INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
-                                    max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                                    claimed_at, worker, stage, last_error, errors, result, finished_at)
-        VALUES (v_task.id, v_task.queue, 'dead', v_task.priority, v_task.run_at, v_task.created_at,
-                v_task.payload, v_task.attempts, v_task.max_attempts, v_task.idempotency_key,
-                v_task.parent_id, v_task.root_id, v_task.fencing_token, v_task.claimed_at,
-                v_task.worker, v_task.stage, batonq._error_text(p_error), v_task.errors || v_entry,
-                NULL, now());
+        INSERT INTO batonq.archive
+        SELECT (batonq._archive_row(v_task, 'dead', NULL, batonq._error_text(p_error),
+                                    v_task.errors || v_entry)).*;
+        IF v_task.join_task_id IS NOT NULL THEN
+            PERFORM batonq._on_dead(v_ref.queue, ARRAY[v_task.id]);
+        END IF;
     ELSE
         v_state := 'pending';
         UPDATE batonq.tasks t SET

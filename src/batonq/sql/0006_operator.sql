@@ -159,18 +159,15 @@ DECLARE
     v_task batonq.archive;
 BEGIN
     WITH gone AS (
-        DELETE FROM batonq.tasks t WHERE t.id = p_task_id RETURNING t.*
+        DELETE FROM batonq.tasks t WHERE t.id = p_task_id RETURNING t
     )
-    INSERT INTO batonq.archive (id, queue, state, priority, run_at, created_at, payload, attempts,
-                                max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                                claimed_at, worker, stage, last_error, errors, result, finished_at)
-    SELECT id, queue, 'cancelled', priority, run_at, created_at, payload, attempts,
-           max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-           claimed_at, worker, stage, last_error, errors, NULL, now()
-      FROM gone
+    INSERT INTO batonq.archive SELECT (batonq._archive_row(g.t, 'cancelled', NULL)).* FROM gone g
     RETURNING * INTO v_task;
     IF v_task.id IS NULL THEN
         PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'cancel', 'unfinished');
+    END IF;
+    IF v_task.join_task_id IS NOT NULL THEN
+        PERFORM batonq._on_dead(v_task.queue, ARRAY[v_task.id]);
     END IF;
     RETURN batonq._archive_view(v_task);
 END $$;

@@ -1,0 +1,359 @@
+-- batonq 0009: the queue graph. When a task completes, each edge out of its
+-- queue turns the result into the next queue's input (the baton), in the
+-- transaction that accepts the completion.
+
+CREATE TABLE batonq.edges (
+    id            bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    from_queue    text NOT NULL REFERENCES batonq.queues (name),
+    to_queue      text NOT NULL REFERENCES batonq.queues (name),
+    -- JSON pointer into the result: the next payload (NULL: the whole result).
+    map           text,
+    -- JSON pointer to an array in the result: one downstream task per element
+    -- (map then applies to each element).
+    fan_out       text,
+    -- Route only results where the value at when_pointer equals when_equals,
+    -- or is present (when_present true) or absent (false).
+    when_pointer  text,
+    when_equals   jsonb,
+    when_present  boolean,
+    -- A join: to_queue gets one task per fan-out into from_queue, waiting
+    -- until every element is finished, then with the ordered results.
+    is_join       boolean NOT NULL DEFAULT false,
+    -- For a join: a dead element yields null in the list instead of a dead join.
+    partial       boolean NOT NULL DEFAULT false,
+    -- NULL: inherit the priority of the task the baton comes from.
+    priority      integer,
+    delay_s       double precision NOT NULL DEFAULT 0 CHECK (delay_s >= 0),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (from_queue, to_queue)
+);
+
+-- One row per join task: how many fan-out elements it waits on.
+CREATE TABLE batonq.joins (
+    join_task_id  bigint PRIMARY KEY,
+    join_queue    text NOT NULL,
+    expected      integer NOT NULL,
+    finished      integer NOT NULL DEFAULT 0,
+    partial       boolean NOT NULL,
+    resolved      boolean NOT NULL DEFAULT false
+);
+
+REVOKE ALL ON batonq.edges, batonq.joins FROM PUBLIC;
+
+CREATE TYPE batonq.edge AS (
+    from_queue text, to_queue text, map text, fan_out text, when_pointer text,
+    when_equals jsonb, when_present boolean, is_join boolean, partial boolean,
+    priority integer, delay_s double precision
+);
+
+-- '/a/b~1c/0' -> {a,b/c,0}; '' or NULL -> {} (the whole document).
+CREATE FUNCTION batonq._pointer_path(p_pointer text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN coalesce(p_pointer, '') = '' THEN '{}'::text[]
+            ELSE ARRAY(SELECT replace(replace(part, '~1', '/'), '~0', '~')
+                         FROM unnest((string_to_array(p_pointer, '/'))[2:]) AS part) END;
+
+CREATE FUNCTION batonq._check_pointer(p_what text, p_pointer text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_pointer IS NOT NULL AND p_pointer <> '' AND left(p_pointer, 1) <> '/' THEN
+        PERFORM batonq._invalid_argument(format('%s must be a JSON pointer like /items/0, got %L',
+                                                p_what, p_pointer));
+    END IF;
+END $$;
+
+CREATE FUNCTION batonq._edge_matches(p_edge batonq.edges, p_result jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN CASE
+    WHEN p_edge.when_pointer IS NULL THEN true
+    WHEN p_edge.when_present IS NOT NULL
+        THEN (p_result #> batonq._pointer_path(p_edge.when_pointer) IS NOT NULL) = p_edge.when_present
+    ELSE coalesce(p_result #> batonq._pointer_path(p_edge.when_pointer) = p_edge.when_equals, false)
+END;
+
+-- Add an edge (or replace the edge between the same two queues). An edge
+-- that would close a cycle is refused, naming the cycle.
+CREATE FUNCTION batonq.add_edge(
+    p_from_queue   text,
+    p_to_queue     text,
+    p_map          text DEFAULT NULL,
+    p_fan_out      text DEFAULT NULL,
+    p_when_pointer text DEFAULT NULL,
+    p_when_equals  jsonb DEFAULT NULL,
+    p_when_present boolean DEFAULT NULL,
+    p_is_join      boolean DEFAULT false,
+    p_partial      boolean DEFAULT false,
+    p_priority     integer DEFAULT NULL,
+    p_delay_s      double precision DEFAULT 0
+) RETURNS batonq.edge
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_cycle text[];
+    v_edge  batonq.edges;
+BEGIN
+    PERFORM batonq._queue(p_from_queue, true), batonq._queue(p_to_queue, true);
+    PERFORM batonq._check_pointer('map', p_map), batonq._check_pointer('fan_out', p_fan_out),
+            batonq._check_pointer('when', p_when_pointer);
+    IF p_when_pointer IS NULL AND (p_when_equals IS NOT NULL OR p_when_present IS NOT NULL) THEN
+        PERFORM batonq._invalid_argument('a when condition needs a pointer');
+    END IF;
+    IF p_is_join AND p_fan_out IS NOT NULL THEN
+        PERFORM batonq._invalid_argument('a join edge collects a fan-out; it cannot fan out itself');
+    END IF;
+    IF p_delay_s IS NULL OR p_delay_s < 0 THEN
+        PERFORM batonq._invalid_argument('delay_s must be >= 0');
+    END IF;
+    -- One graph change at a time, so two edges added at once cannot close a
+    -- cycle that neither sees alone.
+    PERFORM pg_advisory_xact_lock(7011828398159458);
+    WITH RECURSIVE reach (queue, path) AS (
+        SELECT p_to_queue, ARRAY[p_from_queue, p_to_queue]
+        UNION ALL
+        SELECT e.to_queue, r.path || e.to_queue
+          FROM batonq.edges e JOIN reach r ON e.from_queue = r.queue
+         WHERE NOT (e.to_queue = ANY (r.path[2:]))
+           AND NOT (e.from_queue = p_from_queue AND e.to_queue = p_to_queue)
+    )
+    SELECT path INTO v_cycle FROM reach WHERE queue = p_from_queue LIMIT 1;
+    IF v_cycle IS NOT NULL THEN
+        RAISE EXCEPTION 'edge % -> % would close a cycle: %', p_from_queue, p_to_queue,
+                        array_to_string(v_cycle, ' -> ')
+            USING ERRCODE = 'BQ008', DETAIL = jsonb_build_object('cycle', v_cycle)::text;
+    END IF;
+    INSERT INTO batonq.edges (from_queue, to_queue, map, fan_out, when_pointer, when_equals,
+                              when_present, is_join, partial, priority, delay_s)
+    VALUES (p_from_queue, p_to_queue, p_map, p_fan_out, p_when_pointer, p_when_equals,
+            p_when_present, p_is_join, p_partial, p_priority, p_delay_s)
+    ON CONFLICT (from_queue, to_queue) DO UPDATE SET
+        map = EXCLUDED.map, fan_out = EXCLUDED.fan_out, when_pointer = EXCLUDED.when_pointer,
+        when_equals = EXCLUDED.when_equals, when_present = EXCLUDED.when_present,
+        is_join = EXCLUDED.is_join, partial = EXCLUDED.partial, priority = EXCLUDED.priority,
+        delay_s = EXCLUDED.delay_s
+    RETURNING * INTO v_edge;
+    RETURN ROW(v_edge.from_queue, v_edge.to_queue, v_edge.map, v_edge.fan_out, v_edge.when_pointer,
+               v_edge.when_equals, v_edge.when_present, v_edge.is_join, v_edge.partial,
+               v_edge.priority, v_edge.delay_s)::batonq.edge;
+END $$;
+
+-- Remove an edge: no new batons along it; tasks already handed on go on.
+CREATE FUNCTION batonq.remove_edge(p_from_queue text, p_to_queue text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM batonq.edges WHERE from_queue = p_from_queue AND to_queue = p_to_queue;
+    RETURN FOUND;
+END $$;
+
+CREATE FUNCTION batonq.list_edges() RETURNS SETOF batonq.edge
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT from_queue, to_queue, map, fan_out, when_pointer, when_equals, when_present,
+           is_join, partial, priority, delay_s
+      FROM batonq.edges ORDER BY from_queue, to_queue;
+END;
+
+-- Enqueue one baton: a child of p_parent in p_edge's target queue, under
+-- the idempotency key baton:<parent>:<edge>:<index>, so a replayed or
+-- racing completion can never make a second one. Returns the task's id.
+CREATE FUNCTION batonq._baton(p_edge batonq.edges, p_parent batonq.archive, p_index integer,
+                              p_payload jsonb, p_state text, p_join_task_id bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
+    v_key   text := format('baton:%s:%s:%s', p_parent.id, p_edge.id, p_index);
+    v_id    bigint := nextval('batonq.task_id_seq');
+BEGIN
+    INSERT INTO batonq.idempotency_keys (queue, key, task_id) VALUES (p_edge.to_queue, v_key, v_id)
+    ON CONFLICT (queue, key) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN (SELECT task_id FROM batonq.idempotency_keys WHERE queue = p_edge.to_queue AND key = v_key);
+    END IF;
+    INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
+                              idempotency_key, parent_id, root_id, join_task_id, fan_index)
+    VALUES (v_id, p_edge.to_queue, p_state, coalesce(p_edge.priority, p_parent.priority),
+            now() + make_interval(secs => p_edge.delay_s), coalesce(p_payload, 'null'),
+            v_queue.max_attempts, v_key, p_parent.id, p_parent.root_id, p_join_task_id,
+            CASE WHEN p_join_task_id IS NOT NULL THEN p_index END);
+    IF p_state = 'pending' AND p_edge.delay_s = 0 THEN
+        PERFORM pg_notify('batonq', p_edge.to_queue);
+    END IF;
+    RETURN v_id;
+END $$;
+
+-- Fan one finished task out along p_edge; when the target queue has a join
+-- edge out, its waiting join task is made first and each element points at it.
+CREATE FUNCTION batonq._fan_out(p_edge batonq.edges, p_task batonq.archive) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_items jsonb := p_task.result #> batonq._pointer_path(p_edge.fan_out);
+    v_join  batonq.edges;
+    v_join_id bigint;
+    v_n     integer;
+BEGIN
+    IF jsonb_typeof(v_items) IS DISTINCT FROM 'array' THEN
+        v_items := '[]';  -- nothing to fan out
+    END IF;
+    v_n := jsonb_array_length(v_items);
+    SELECT * INTO v_join FROM batonq.edges WHERE from_queue = p_edge.to_queue AND is_join LIMIT 1;
+    IF FOUND THEN
+        v_join_id := batonq._baton(v_join, p_task, 0, '[]',
+                                   CASE WHEN v_n = 0 THEN 'pending' ELSE 'waiting' END, NULL);
+        INSERT INTO batonq.joins (join_task_id, join_queue, expected, partial, resolved)
+        VALUES (v_join_id, v_join.to_queue, v_n, v_join.partial, v_n = 0)
+        ON CONFLICT (join_task_id) DO NOTHING;
+    END IF;
+    FOR i IN 0 .. v_n - 1 LOOP
+        PERFORM batonq._baton(p_edge, p_task, i, (v_items -> i) #> batonq._pointer_path(p_edge.map),
+                              'pending', v_join_id);
+    END LOOP;
+END $$;
+
+-- A fan-out element finished (p_dead: dead or cancelled). The last one
+-- makes its join pending with the ordered results; a dead one makes the join
+-- dead at once unless the join takes partial results.
+CREATE FUNCTION batonq._join_progress(p_join_task_id bigint, p_dead boolean, p_element bigint,
+                                      p_error text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_join batonq.joins;
+BEGIN
+    -- The row lock serialises the elements' completions: exactly one of
+    -- them sees the count reach the total.
+    UPDATE batonq.joins SET finished = finished + 1
+     WHERE join_task_id = p_join_task_id AND NOT resolved
+    RETURNING * INTO v_join;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF p_dead AND NOT v_join.partial THEN
+        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join_task_id;
+        WITH gone AS (
+            DELETE FROM batonq.tasks t
+             WHERE t.queue = v_join.join_queue AND t.id = p_join_task_id AND t.state = 'waiting'
+            RETURNING t
+        )
+        INSERT INTO batonq.archive
+        SELECT (batonq._archive_row(g.t, 'dead', NULL,
+                format('fan-out element t_%s is dead: %s', p_element, p_error))).*
+          FROM gone g;
+        PERFORM batonq._on_dead(v_join.join_queue, ARRAY[p_join_task_id]);
+    ELSIF v_join.finished >= v_join.expected THEN
+        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join_task_id;
+        -- A new statement: it sees every element, including those committed
+        -- by other transactions while this one waited on the lock.
+        UPDATE batonq.tasks t SET
+            state = 'pending',
+            run_at = now(),
+            payload = (SELECT coalesce(jsonb_agg(a.result ORDER BY a.fan_index), '[]')
+                         FROM batonq.archive a WHERE a.join_task_id = p_join_task_id)
+         WHERE t.queue = v_join.join_queue AND t.id = p_join_task_id AND t.state = 'waiting';
+        PERFORM pg_notify('batonq', v_join.join_queue);
+    END IF;
+END $$;
+
+-- Tasks of p_queue just finished as done (archived in this transaction):
+-- advance their joins and hand their results on along every edge.
+CREATE FUNCTION batonq._hand_off(p_queue text, p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_task batonq.archive;
+    v_edge batonq.edges;
+BEGIN
+    FOR v_task IN
+        SELECT * FROM batonq.archive a
+         WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue AND a.state = 'done'
+         ORDER BY a.id
+    LOOP
+        IF v_task.join_task_id IS NOT NULL THEN
+            PERFORM batonq._join_progress(v_task.join_task_id, false, v_task.id, NULL);
+        END IF;
+        FOR v_edge IN SELECT * FROM batonq.edges WHERE from_queue = p_queue ORDER BY to_queue LOOP
+            CONTINUE WHEN NOT batonq._edge_matches(v_edge, v_task.result);
+            IF v_edge.is_join THEN
+                -- Elements of a fan-out reach the join through it; a task that
+                -- was not fanned out joins alone.
+                CONTINUE WHEN v_task.join_task_id IS NOT NULL;
+                PERFORM batonq._baton(v_edge, v_task, 0,
+                    jsonb_build_array(v_task.result #> batonq._pointer_path(v_edge.map)), 'pending', NULL);
+            ELSIF v_edge.fan_out IS NOT NULL THEN
+                PERFORM batonq._fan_out(v_edge, v_task);
+            ELSE
+                PERFORM batonq._baton(v_edge, v_task, 0,
+                    v_task.result #> batonq._pointer_path(v_edge.map), 'pending', NULL);
+            END IF;
+        END LOOP;
+    END LOOP;
+END $$;
+
+-- Tasks of p_queue just finished dead or cancelled: their joins learn of it.
+CREATE FUNCTION batonq._on_dead(p_queue text, p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_task record;
+BEGIN
+    FOR v_task IN
+        SELECT a.id, a.join_task_id, coalesce(a.last_error, a.state) AS error FROM batonq.archive a
+         WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue
+           AND a.join_task_id IS NOT NULL
+    LOOP
+        PERFORM batonq._join_progress(v_task.join_task_id, true, v_task.id, v_task.error);
+    END LOOP;
+END $$;
+
+-- Every task of a run (the tree under one root), oldest first.
+CREATE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_view
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT v.* FROM (
+        SELECT (batonq._hot_view(t)).* FROM batonq.tasks t WHERE t.root_id = p_root_id
+        UNION ALL
+        SELECT (batonq._archive_view(a)).* FROM batonq.archive a WHERE a.root_id = p_root_id
+    ) v ORDER BY v.id;
+END;
+
+CREATE TYPE batonq.run_status AS (
+    root_id bigint, status text, tasks bigint, unfinished bigint, done bigint, dead bigint,
+    cancelled bigint, failed_task_id bigint, failed_queue text, error text
+);
+
+-- A run's status, derived: failed (at the task that died first, with its error),
+-- running (something unfinished), or done.
+CREATE FUNCTION batonq.run_status(p_root_id bigint) RETURNS batonq.run_status
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_status batonq.run_status;
+    v_dead   record;
+BEGIN
+    SELECT p_root_id, NULL, count(*), count(*) FILTER (WHERE v.finished_at IS NULL),
+           count(*) FILTER (WHERE v.state = 'done'), count(*) FILTER (WHERE v.state = 'dead'),
+           count(*) FILTER (WHERE v.state = 'cancelled'), NULL, NULL, NULL
+      INTO v_status
+      FROM batonq.run_tasks(p_root_id) v;
+    IF v_status.tasks = 0 THEN
+        RAISE EXCEPTION 'run % not found', p_root_id
+            USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_root_id)::text;
+    END IF;
+    SELECT a.id, a.queue, a.last_error INTO v_dead
+      FROM batonq.archive a WHERE a.root_id = p_root_id AND a.state = 'dead'
+     -- The first to die; a join that died of its element ranks after it.
+     ORDER BY a.finished_at, EXISTS (SELECT FROM batonq.joins j WHERE j.join_task_id = a.id), a.id
+     LIMIT 1;
+    IF FOUND THEN
+        v_status.status := 'failed';
+        v_status.failed_task_id := v_dead.id;
+        v_status.failed_queue := v_dead.queue;
+        v_status.error := v_dead.last_error;
+    ELSIF v_status.unfinished > 0 THEN
+        v_status.status := 'running';
+    ELSE
+        v_status.status := 'done';
+    END IF;
+    RETURN v_status;
+END $$;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint), batonq.run_status(bigint)
+TO batonq_reader;
+
+INSERT INTO batonq.migrations (version, name) VALUES (9, 'graph');
