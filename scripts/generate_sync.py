@@ -25,6 +25,8 @@ RULES = [
     (r"\bAsyncConnectionPool\b", "ConnectionPool"),
     (r"\bAsyncListener\b", "Listener"),
     (r"\bAsyncNoListener\b", "NoListener"),
+    (r"\bAsyncWake\b", "Wake"),
+    (r"\bAbstractAsyncContextManager\b", "AbstractContextManager"),
     (r"\bpsycopg\.AsyncConnection\b", "psycopg.Connection"),
     (r"\bAsyncIterator\b", "Iterator"),
     (r"\basynccontextmanager\b", "contextmanager"),

@@ -19,9 +19,12 @@ from batonq.errors import (
     InvalidQueueName,
     InvalidState,
     InvalidToken,
+    KeyNotFound,
     LeaseLost,
     PayloadTooLarge,
+    PermanentError,
     QueueNotFound,
+    Retry,
     SchemaMissing,
     TaskFinished,
     TaskNotFound,
@@ -29,11 +32,14 @@ from batonq.errors import (
 from batonq.migrate import migrate
 from batonq.models import Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
 from batonq.sweeper import Sweeper
+from batonq.worker import App, AsyncJob, Job, Middleware, Outcome, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
     "AsyncClient",
+    "AsyncJob",
     "BatonqError",
     "Client",
     "Edge",
@@ -43,12 +49,18 @@ __all__ = [
     "InvalidQueueName",
     "InvalidState",
     "InvalidToken",
+    "Job",
+    "KeyNotFound",
     "Lease",
     "LeaseLost",
+    "Middleware",
+    "Outcome",
     "PayloadTooLarge",
+    "PermanentError",
     "QueueConfig",
     "QueueNotFound",
     "QueueStats",
+    "Retry",
     "RunStatus",
     "SchemaMissing",
     "Submitted",
@@ -56,6 +68,7 @@ __all__ = [
     "Task",
     "TaskFinished",
     "TaskNotFound",
+    "Worker",
     "__version__",
     "connect",
     "connect_async",

@@ -21,8 +21,21 @@ from psycopg_pool import AsyncConnectionPool
 from batonq import operations
 from batonq.embedded import resolve_dsn
 from batonq.errors import from_database_error
-from batonq.listener import AsyncListener, AsyncNoListener
-from batonq.models import JSON, Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
+from batonq.listener import AsyncListener, AsyncNoListener, AsyncWake
+from batonq.models import (
+    JSON,
+    ApiKey,
+    Edge,
+    Enqueued,
+    KeyAuth,
+    Lease,
+    NewKey,
+    QueueConfig,
+    QueueStats,
+    RunStatus,
+    Submitted,
+    Task,
+)
 from batonq.operations import MISSING, Call
 from batonq.sweeper import Sweeper
 
@@ -82,6 +95,11 @@ class AsyncClient:
             self._sweeper.stop()
         await self._listener.close()
         await self._pool.close()
+
+    @property
+    def swept(self) -> int:
+        """Leases this process's sweeper has expired (0 without a sweeper)."""
+        return self._sweeper.swept if self._sweeper is not None else 0
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -189,6 +207,11 @@ class AsyncClient:
                 if leases or remaining <= 0:
                     return leases
                 await wake.wait(min(remaining, self.poll_interval_s))
+
+    def watch(self, queue: str) -> contextlib.AbstractAsyncContextManager[AsyncWake]:
+        """Wait for work in ``queue``: ``async with client.watch(q) as wake:
+        await wake.wait(timeout)`` returns early when a task may be claimable."""
+        return self._listener.watch(queue)
 
     async def heartbeat(
         self, lease_token: str, *, lease_s: int | None = None, stage: str | None = None
@@ -358,6 +381,25 @@ class AsyncClient:
     async def run_status(self, root_id: int | str) -> RunStatus:
         """running, done, or failed at its first dead task (with the error)."""
         return await self._run(operations.run_status(root_id))
+
+    async def create_key(self, ring: int, queues: Sequence[str] = ("*",), name: str = "") -> NewKey:
+        """Make an API key (ring 0 admin … 3 observer, queue glob scopes).
+        Its secret is in the reply only: store it now."""
+        return await self._run(operations.create_key(ring, queues, name))
+
+    async def create_first_key(self) -> NewKey | None:
+        """An admin key if there is no key yet (a service's first start), else None."""
+        return await self._run(operations.create_first_key())
+
+    async def key_for_auth(self, key_id: int) -> KeyAuth | None:
+        return await self._run(operations.key_for_auth(key_id))
+
+    async def keys(self) -> list[ApiKey]:
+        return await self._run(operations.keys())
+
+    async def revoke_key(self, key_id: int) -> ApiKey:
+        """Revoke a key: refused from the next request on."""
+        return await self._run(operations.revoke_key(key_id))
 
 
 async def connect_async(dsn: str | None = None, **options: Any) -> AsyncClient:

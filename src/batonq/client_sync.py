@@ -19,8 +19,21 @@ from psycopg_pool import ConnectionPool
 from batonq import operations
 from batonq.embedded import resolve_dsn
 from batonq.errors import from_database_error
-from batonq.listener import Listener, NoListener
-from batonq.models import JSON, Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
+from batonq.listener import Listener, NoListener, Wake
+from batonq.models import (
+    JSON,
+    ApiKey,
+    Edge,
+    Enqueued,
+    KeyAuth,
+    Lease,
+    NewKey,
+    QueueConfig,
+    QueueStats,
+    RunStatus,
+    Submitted,
+    Task,
+)
 from batonq.operations import MISSING, Call
 from batonq.sweeper import Sweeper
 
@@ -80,6 +93,11 @@ class Client:
             self._sweeper.stop()
         self._listener.close()
         self._pool.close()
+
+    @property
+    def swept(self) -> int:
+        """Leases this process's sweeper has expired (0 without a sweeper)."""
+        return self._sweeper.swept if self._sweeper is not None else 0
 
     def __enter__(self) -> Client:
         return self
@@ -187,6 +205,11 @@ class Client:
                 if leases or remaining <= 0:
                     return leases
                 wake.wait(min(remaining, self.poll_interval_s))
+
+    def watch(self, queue: str) -> contextlib.AbstractContextManager[Wake]:
+        """Wait for work in ``queue``: ``with client.watch(q) as wake:
+        wake.wait(timeout)`` returns early when a task may be claimable."""
+        return self._listener.watch(queue)
 
     def heartbeat(
         self, lease_token: str, *, lease_s: int | None = None, stage: str | None = None
@@ -356,6 +379,25 @@ class Client:
     def run_status(self, root_id: int | str) -> RunStatus:
         """running, done, or failed at its first dead task (with the error)."""
         return self._run(operations.run_status(root_id))
+
+    def create_key(self, ring: int, queues: Sequence[str] = ("*",), name: str = "") -> NewKey:
+        """Make an API key (ring 0 admin … 3 observer, queue glob scopes).
+        Its secret is in the reply only: store it now."""
+        return self._run(operations.create_key(ring, queues, name))
+
+    def create_first_key(self) -> NewKey | None:
+        """An admin key if there is no key yet (a service's first start), else None."""
+        return self._run(operations.create_first_key())
+
+    def key_for_auth(self, key_id: int) -> KeyAuth | None:
+        return self._run(operations.key_for_auth(key_id))
+
+    def keys(self) -> list[ApiKey]:
+        return self._run(operations.keys())
+
+    def revoke_key(self, key_id: int) -> ApiKey:
+        """Revoke a key: refused from the next request on."""
+        return self._run(operations.revoke_key(key_id))
 
 
 def connect(dsn: str | None = None, **options: Any) -> Client:

@@ -14,6 +14,7 @@ __all__ = [
     "InvalidQueueName",
     "InvalidState",
     "InvalidToken",
+    "KeyNotFound",
     "LeaseLost",
     "PayloadTooLarge",
     "PermanentError",
@@ -75,6 +76,10 @@ class GraphCycle(BatonqError):
     """An edge that would close a cycle in the queue graph; ``cycle`` names it."""
 
     code = "graph_cycle"
+
+
+class KeyNotFound(BatonqError):
+    code = "key_not_found"
 
 
 class SchemaMissing(BatonqError):
@@ -151,6 +156,7 @@ _BY_SQLSTATE: dict[str, type[BatonqError]] = {
     "BQ006": QueueNotFound,
     "BQ007": InvalidState,
     "BQ008": GraphCycle,
+    "BQ009": KeyNotFound,
 }
 
 

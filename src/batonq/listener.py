@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import psycopg
 
-__all__ = ["CHANNEL", "AsyncListener", "AsyncNoListener", "Listener", "NoListener"]
+__all__ = ["CHANNEL", "AsyncListener", "AsyncNoListener", "AsyncWake", "Listener", "NoListener", "Wake"]
 
 CHANNEL = "batonq"
 _READY_TIMEOUT_S = 5.0

@@ -7,7 +7,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Edge", "Enqueued", "Lease", "QueueConfig", "QueueStats", "RunStatus", "Submitted", "Task"]
+__all__ = [
+    "ApiKey",
+    "Edge",
+    "Enqueued",
+    "KeyAuth",
+    "Lease",
+    "NewKey",
+    "QueueConfig",
+    "QueueStats",
+    "RunStatus",
+    "Submitted",
+    "Task",
+]
 
 JSON = Any
 """Any value that JSON can hold."""
@@ -165,3 +177,40 @@ class RunStatus:
     failed_task_id: int | None
     failed_queue: str | None
     error: str | None
+
+
+RINGS = {0: "admin", 1: "operator", 2: "worker", 3: "observer"}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key as listed: never its secret."""
+
+    id: int
+    name: str
+    ring: int
+    queues: list[str]
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    """A key just made: ``key`` is shown this once."""
+
+    key: str = field(repr=False)
+    id: int
+    name: str
+    ring: int
+    queues: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyAuth:
+    """What checking a presented key needs (the hash is compared by the caller)."""
+
+    secret_hash: bytes = field(repr=False)
+    ring: int
+    queues: list[str]
+    revoked: bool

@@ -13,7 +13,20 @@ from typing import Any, Generic, TypeVar
 from psycopg.types.json import Jsonb
 
 from batonq.errors import InvalidArgument, LeaseLost, TaskFinished
-from batonq.models import JSON, Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
+from batonq.models import (
+    JSON,
+    ApiKey,
+    Edge,
+    Enqueued,
+    KeyAuth,
+    Lease,
+    NewKey,
+    QueueConfig,
+    QueueStats,
+    RunStatus,
+    Submitted,
+    Task,
+)
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -306,3 +319,31 @@ def run_tasks(root_id: int | str) -> Call[list[Task]]:
 
 def run_status(root_id: int | str) -> Call[RunStatus]:
     return Call("SELECT * FROM batonq.run_status(%s)", (task_id(root_id),), _one(RunStatus))
+
+
+def create_key(ring: int, queues: Sequence[str] = ("*",), name: str = "") -> Call[NewKey]:
+    return Call(
+        "SELECT * FROM batonq.create_key(%s, %s::text[], %s)", (ring, list(queues), name), _one(NewKey)
+    )
+
+
+def create_first_key() -> Call[NewKey | None]:
+    return Call(
+        "SELECT * FROM batonq.create_first_key()", (), lambda rows: NewKey(*rows[0]) if rows else None
+    )
+
+
+def key_for_auth(key_id: int) -> Call[KeyAuth | None]:
+    return Call(
+        "SELECT * FROM batonq.key_for_auth(%s)",
+        (key_id,),
+        lambda rows: KeyAuth(bytes(rows[0][0]), *rows[0][1:]) if rows else None,
+    )
+
+
+def keys() -> Call[list[ApiKey]]:
+    return Call("SELECT * FROM batonq.list_keys()", (), _all(ApiKey))
+
+
+def revoke_key(key_id: int) -> Call[ApiKey]:
+    return Call("SELECT * FROM batonq.revoke_key(%s)", (key_id,), _one(ApiKey))

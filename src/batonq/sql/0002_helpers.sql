@@ -5,7 +5,7 @@
 -- DETAIL, which clients map to their exceptions:
 --   BQ001 invalid_queue_name   BQ002 task_not_found   BQ003 too_large
 --   BQ004 invalid_argument     BQ005 invalid_token    BQ006 queue_not_found
---   BQ007 invalid_state        BQ008 graph_cycle
+--   BQ007 invalid_state        BQ008 graph_cycle      BQ009 key_not_found
 -- A write refused because its lease is gone is not an error here: it is a
 -- reply with outcome 'lease_lost', so the refusal can be recorded in the
 -- submit ledger in the same transaction.

@@ -1,0 +1,95 @@
+"""Operator (ring 1) and admin (ring 0) endpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Request
+
+from batonq.client import AsyncClient
+from batonq.service import schemas as s
+from batonq.service.auth import ADMIN, OPERATOR, Principal, require
+from batonq.service.problems import ApiError
+from batonq.service.reads import visible_task
+
+router = APIRouter(prefix="/v1", tags=["operate"])
+Operator = Annotated[Principal, Depends(require(OPERATOR))]
+Admin = Annotated[Principal, Depends(require(ADMIN))]
+
+
+def _client(request: Request) -> AsyncClient:
+    client: AsyncClient = request.app.state.client
+    return client
+
+
+@router.post(
+    "/tasks/{task_id}/{action}", response_model=s.TaskOut, summary="retry, cancel, hold or release a task"
+)
+async def act(
+    request: Request,
+    task_id: str,
+    action: Literal["retry", "cancel", "hold", "release"],
+    principal: Operator,
+) -> s.TaskOut:
+    """retry: a dead or cancelled task runs again; cancel: an unfinished task
+    ends; hold: a pending task is kept back; release: a held task is claimable."""
+    client = _client(request)
+    task = await visible_task(client, principal, task_id)
+    operation = {
+        "retry": client.retry,
+        "cancel": client.cancel,
+        "hold": client.hold,
+        "release": client.release,
+    }
+    return s.TaskOut.of(await operation[action](task.id))
+
+
+@router.patch(
+    "/queues/{queue}", response_model=s.QueueSettingsOut, summary="Create a queue or change its settings"
+)
+async def configure(
+    request: Request, queue: str, body: s.QueueSettingsIn, principal: Admin
+) -> s.QueueSettingsOut:
+    """Fields left out keep their value. `paused: true` stops claims (enqueue still works)."""
+    principal.check_queue(queue)
+    settings = await _client(request).configure_queue(queue, **body.model_dump())
+    return s.QueueSettingsOut.model_validate(settings, from_attributes=True)
+
+
+@router.post("/graph/edges", response_model=s.EdgeOut, summary="Add (or replace) an edge of the queue graph")
+async def add_edge(request: Request, body: s.EdgeIn, principal: Admin) -> s.EdgeOut:
+    """An edge that would close a cycle is refused (409 graph_cycle) with the cycle named."""
+    principal.check_queue(body.from_queue)
+    principal.check_queue(body.to_queue)
+    fields = body.model_dump(exclude={"equals"}, exclude_unset=False)
+    if "equals" in body.model_fields_set:
+        fields["equals"] = body.equals
+    edge = await _client(request).add_edge(**fields)
+    return s.EdgeOut.model_validate(edge, from_attributes=True)
+
+
+@router.delete("/graph/edges/{from_queue}/{to_queue}", status_code=204, summary="Remove an edge")
+async def remove_edge(request: Request, from_queue: str, to_queue: str, principal: Admin) -> None:
+    """No new batons along it; tasks already handed on go on. 404 if there is no such edge."""
+    principal.check_queue(from_queue)
+    if not await _client(request).remove_edge(from_queue, to_queue):
+        raise ApiError(404, "edge_not_found", f"no edge {from_queue} -> {to_queue}")
+
+
+@router.get("/keys", response_model=s.KeysOut, summary="API keys (never their secrets)")
+async def keys(request: Request, principal: Admin) -> s.KeysOut:
+    found = await _client(request).keys()
+    return s.KeysOut(keys=[s.KeyOut.model_validate(k, from_attributes=True) for k in found])
+
+
+@router.post("/keys", response_model=s.NewKeyOut, status_code=201, summary="Create an API key")
+async def create_key(request: Request, body: s.KeyIn, principal: Admin) -> s.NewKeyOut:
+    """The reply holds the key: it is shown this once."""
+    made = await _client(request).create_key(body.ring, body.queues, body.name)
+    return s.NewKeyOut.model_validate(made, from_attributes=True)
+
+
+@router.delete("/keys/{key_id}", response_model=s.KeyOut, summary="Revoke an API key")
+async def revoke_key(request: Request, key_id: int, principal: Admin) -> s.KeyOut:
+    revoked = await _client(request).revoke_key(key_id)
+    return s.KeyOut.model_validate(revoked, from_attributes=True)

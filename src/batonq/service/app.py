@@ -1,0 +1,129 @@
+"""The ASGI app: ``create_app(dsn)``; served by ``batonq serve``.
+
+It keeps no state that matters between requests (keys, leases and tasks are in
+the database), so several processes against one database are one service.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import batonq
+from batonq.client import AsyncClient
+from batonq.service import admin, discovery, problems, reads, stream, work
+from batonq.service.metrics import Metrics
+
+__all__ = ["create_app"]
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Limits:
+    """Refuse request bodies over ``max_body_bytes`` with 413 before they
+    are parsed, read /v1 bodies as JSON, and time every request for /metrics."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: Metrics) -> None:
+        self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        headers = dict(scope.get("headers") or [])
+        if scope["path"].startswith("/v1/") and not headers.get(b"content-type", b"").startswith(
+            b"application/json"
+        ):
+            # /v1 speaks JSON only: read a body as JSON whatever it is labelled
+            # (curl -d sends form encoding by default).
+            headers[b"content-type"] = b"application/json"
+            scope = {**scope, "headers": list(headers.items())}
+        declared = headers.get(b"content-length", b"").decode() or "0"
+        if not declared.isdigit() or int(declared) > self.max_body_bytes:
+            await self._refuse(send)
+            return
+        seen = 0
+        response_started = False
+
+        async def counted_receive() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    raise _TooLarge
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status, response_started = message["status"], True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, watched_send)
+        except _TooLarge:
+            if not response_started:
+                status = 413
+                await self._refuse(send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.latency.labels(scope["method"], route, str(status)).observe(
+                time.perf_counter() - started
+            )
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps(
+            problems.body("request_too_large", f"request body over {self.max_body_bytes} bytes")
+        ).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+
+def create_app(
+    dsn: str,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    keepalive_s: float = 15.0,
+    sweeper: bool = True,
+    client_options: dict[str, Any] | None = None,
+) -> FastAPI:
+    """The batonq HTTP service on the database at ``dsn``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        options = {"max_connections": 20, "sweeper": sweeper, **(client_options or {})}
+        async with await AsyncClient(dsn, **options).open() as client:
+            app.state.client = client
+            yield
+
+    app = FastAPI(
+        title="batonq",
+        version=batonq.__version__,
+        summary="A task queue in PostgreSQL: leased, fenced, idempotent tasks.",
+        lifespan=lifespan,
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    metrics = Metrics()
+    app.state.metrics = metrics
+    app.state.keepalive_s = keepalive_s
+    problems.install(app)
+    for module in (work, stream, reads, admin, discovery):
+        app.include_router(module.router)
+    app.add_middleware(Limits, max_body_bytes=max_body_bytes, metrics=metrics)
+    return app

@@ -1,0 +1,64 @@
+"""Prometheus metrics at /metrics, on a registry of the app's own."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from batonq.errors import LeaseLost
+from batonq.models import QueueStats
+
+__all__ = ["Metrics"]
+
+_STATES = ("waiting", "held", "pending", "scheduled", "leased", "done", "dead", "cancelled")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.tasks = Gauge(
+            "batonq_tasks", "Tasks by queue and state", ["queue", "state"], registry=self.registry
+        )
+        self.oldest = Gauge(
+            "batonq_oldest_pending_age_seconds", "Age of the oldest claimable task", ["queue"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.claims = Counter(
+            "batonq_claims", "Tasks claimed through this service", ["queue"], registry=self.registry
+        )
+        self.completions = Counter(
+            "batonq_completions", "Submits accepted or replayed", ["queue", "outcome"], registry=self.registry
+        )
+        self.refused = Counter(
+            "batonq_refused_submits", "Writes refused because the lease was lost", ["queue"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.expiries = Counter(
+            "batonq_lease_expiries", "Leases expired by this process's sweeper", registry=self.registry
+        )
+        self.latency = Histogram(
+            "batonq_http_request_duration_seconds", "HTTP request latency", ["method", "route", "status"],
+            registry=self.registry,
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def refusals(self, queue: str) -> Iterator[None]:
+        """Count a LeaseLost raised inside, and let it go on."""
+        try:
+            yield
+        except LeaseLost:
+            self.refused.labels(queue).inc()
+            raise
+
+    def render(self, stats: list[QueueStats], swept: int) -> bytes:
+        for q in stats:
+            for state in _STATES:
+                self.tasks.labels(q.queue, state).set(getattr(q, state))
+            self.oldest.labels(q.queue).set(q.oldest_pending_age_s or 0)
+        self.expiries.inc(max(0, swept - self._swept_seen))
+        self._swept_seen = max(self._swept_seen, swept)
+        return generate_latest(self.registry)
+
+    _swept_seen = 0

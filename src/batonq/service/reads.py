@@ -1,0 +1,98 @@
+"""Read endpoints (ring 3): queues, tasks, runs, graph."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from batonq import operations
+from batonq.client import AsyncClient
+from batonq.errors import InvalidArgument, TaskNotFound
+from batonq.models import Task
+from batonq.service import schemas as s
+from batonq.service.auth import OBSERVER, Principal, require
+
+router = APIRouter(prefix="/v1", tags=["read"])
+Observer = Annotated[Principal, Depends(require(OBSERVER))]
+LINEAGE_LIMIT = 200
+
+
+def _client(request: Request) -> AsyncClient:
+    client: AsyncClient = request.app.state.client
+    return client
+
+
+async def visible_task(client: AsyncClient, principal: Principal, task_id: str) -> Task:
+    """The task, if the key covers its queue; otherwise it does not exist (404)."""
+    task = await client.task(task_id)
+    if not principal.covers(task.queue):
+        raise TaskNotFound(f"task {task_id} not found", task_id=task.id)
+    return task
+
+
+@router.get(
+    "/queues", response_model=s.QueuesOut, summary="Tasks per state and oldest pending age, per queue"
+)
+async def queues(request: Request, principal: Observer) -> s.QueuesOut:
+    stats = await _client(request).queues()
+    return s.QueuesOut(
+        queues=[
+            s.QueueStatsOut.model_validate(q, from_attributes=True)
+            for q in stats
+            if principal.covers(q.queue)
+        ]
+    )
+
+
+@router.get("/tasks", response_model=s.TaskListOut, summary="The newest tasks of a queue")
+async def tasks(
+    request: Request,
+    principal: Observer,
+    queue: Annotated[str, Query(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,127}$")],
+    state: s.State | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> s.TaskListOut:
+    principal.check_queue(queue)
+    before = None
+    if cursor is not None:
+        try:
+            before = operations.task_id(cursor)
+        except InvalidArgument as error:
+            raise InvalidArgument(f"cursor: {error.message}") from None
+    found = await _client(request).tasks(queue, state=state, limit=limit, before_id=before)
+    next_cursor = f"t_{found[-1].id}" if len(found) == limit else None
+    return s.TaskListOut(tasks=[s.TaskOut.of(t) for t in found], next_cursor=next_cursor)
+
+
+@router.get("/tasks/{task_id}", response_model=s.TaskDetailOut, summary="One task, with attempts and lineage")
+async def task(request: Request, task_id: str, principal: Observer) -> s.TaskDetailOut:
+    client = _client(request)
+    found = await visible_task(client, principal, task_id)
+    run = await client.run_status(found.root_id)
+    lineage = await client.run_tasks(found.root_id)
+    return s.TaskDetailOut(
+        **s.TaskOut.of(found).model_dump(),
+        run=s.RunOut.of(run),
+        lineage=[s.TaskOut.of(t) for t in lineage[:LINEAGE_LIMIT] if principal.covers(t.queue)],
+    )
+
+
+@router.get("/runs/{root_id}", response_model=s.RunOut, summary="A run's status, derived from its tasks")
+async def run(request: Request, root_id: str, principal: Observer) -> s.RunOut:
+    client = _client(request)
+    root = await visible_task(client, principal, root_id)
+    return s.RunOut.of(await client.run_status(root.root_id))
+
+
+@router.get("/graph", response_model=s.GraphOut, summary="The queue graph's edges")
+async def graph(request: Request, principal: Observer) -> s.GraphOut:
+    edges = await _client(request).edges()
+    return s.GraphOut(
+        edges=[
+            s.EdgeOut.model_validate(e, from_attributes=True)
+            for e in edges
+            if principal.covers(e.from_queue) or principal.covers(e.to_queue)
+        ]
+    )

@@ -1,0 +1,325 @@
+"""Request and response bodies of the /v1 API (they make /openapi.json)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from batonq import models
+
+TaskRef = int | str
+"""A task id, as ``t_5521`` or ``5521``."""
+
+State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
+QueueName = Field(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,127}$", examples=["shop:tasks"])
+
+
+def tid(value: int | None) -> str | None:
+    return None if value is None else f"t_{value}"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnqueueIn(Strict):
+    queue: str = QueueName
+    payload: Any = Field(description="any JSON value, at most the queue's max_body_bytes (128 KiB)")
+    idempotency_key: str | None = Field(
+        None, max_length=512, description="the same key in the same queue returns the existing task"
+    )
+    priority: int = Field(0, ge=-(2**31), lt=2**31, description="higher first")
+    delay_s: float = Field(0, ge=0, le=315360000, description="claimable only this much later")
+    max_attempts: int | None = Field(None, ge=1, le=1000)
+    held: bool = Field(False, description="enqueue held: not claimable until released")
+    parent: TaskRef | None = Field(None, description="the parent task, for lineage")
+
+
+class EnqueueOut(BaseModel):
+    task_id: str
+    queue: str
+    created: bool
+    state: State
+    run_at: datetime
+
+    @classmethod
+    def of(cls, e: models.Enqueued) -> EnqueueOut:
+        return cls(task_id=f"t_{e.task_id}", queue=e.queue, created=e.created, state=e.state, run_at=e.run_at)  # type: ignore[arg-type]
+
+
+class EnqueueManyOut(BaseModel):
+    tasks: list[EnqueueOut]
+
+
+class ClaimIn(Strict):
+    queue: str = QueueName
+    worker: str | None = Field(None, max_length=200)
+    max_tasks: int = Field(1, ge=1, le=1000)
+    lease_s: int | None = Field(None, ge=1, le=3600, description="default: the queue's (300)")
+    wait_s: float = Field(0, ge=0, le=55, description="long-poll an empty queue this long")
+
+
+class TaskRow(BaseModel):
+    queue: str
+    payload: Any
+    priority: int
+    idempotency_key: str | None
+    parent_id: str | None
+    root_id: str
+    created_at: datetime
+    run_at: datetime
+
+
+class ClaimedTask(BaseModel):
+    task_id: str
+    fencing_token: int
+    lease_token: str
+    lease_expires_in_s: float
+    lease_expires_at: datetime
+    attempt: int
+    max_attempts: int
+    row: TaskRow
+
+    @classmethod
+    def of(cls, lease: models.Lease) -> ClaimedTask:
+        return cls(
+            task_id=f"t_{lease.task_id}",
+            fencing_token=lease.fencing_token,
+            lease_token=lease.lease_token,
+            lease_expires_in_s=lease.lease_expires_in_s,
+            lease_expires_at=lease.lease_expires_at,
+            attempt=lease.attempt,
+            max_attempts=lease.max_attempts,
+            row=TaskRow(
+                queue=lease.queue,
+                payload=lease.payload,
+                priority=lease.priority,
+                idempotency_key=lease.idempotency_key,
+                parent_id=tid(lease.parent_id),
+                root_id=f"t_{lease.root_id}",
+                created_at=lease.created_at,
+                run_at=lease.run_at,
+            ),
+        )
+
+
+class ClaimOut(BaseModel):
+    tasks: list[ClaimedTask]
+
+
+class HeartbeatIn(Strict):
+    lease_token: str = Field(max_length=300)
+    lease_s: int | None = Field(None, ge=1, le=3600)
+    stage: str | None = Field(None, max_length=1000)
+
+
+class HeartbeatOut(BaseModel):
+    task_id: str
+    lease_expires_in_s: float
+    lease_expires_at: datetime
+
+
+class SubmitIn(Strict):
+    lease_token: str = Field(max_length=300)
+    result: Any = None
+
+
+class FailIn(Strict):
+    lease_token: str = Field(max_length=300)
+    error: Any = None
+    retry_delay_s: float | None = Field(None, ge=0, le=315360000)
+    requeue: bool = True
+
+
+class LeaseTokenIn(Strict):
+    lease_token: str = Field(max_length=300)
+
+
+class SubmitOut(BaseModel):
+    task_id: str
+    state: State
+    replayed: bool
+    fencing_token: int
+
+    @classmethod
+    def of(cls, s: models.Submitted) -> SubmitOut:
+        return cls(
+            task_id=f"t_{s.task_id}", state=s.state, replayed=s.replayed, fencing_token=s.fencing_token
+        )  # type: ignore[arg-type]
+
+
+class TaskOut(BaseModel):
+    task_id: str
+    queue: str
+    state: State
+    priority: int
+    payload: Any
+    attempts: int
+    max_attempts: int
+    idempotency_key: str | None
+    parent_id: str | None
+    root_id: str
+    fencing_token: int | None
+    run_at: datetime
+    created_at: datetime
+    claimed_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
+    worker: str | None
+    stage: str | None
+    last_error: str | None
+    errors: list[dict[str, Any]] = Field(description="every attempt's error, oldest first")
+    result: Any
+
+    @classmethod
+    def of(cls, t: models.Task) -> TaskOut:
+        return cls(
+            task_id=f"t_{t.id}", queue=t.queue, state=t.state, priority=t.priority, payload=t.payload,  # type: ignore[arg-type]
+            attempts=t.attempts, max_attempts=t.max_attempts, idempotency_key=t.idempotency_key,
+            parent_id=tid(t.parent_id), root_id=f"t_{t.root_id}", fencing_token=t.fencing_token,
+            run_at=t.run_at, created_at=t.created_at, claimed_at=t.claimed_at,
+            lease_expires_at=t.lease_expires_at, finished_at=t.finished_at, worker=t.worker,
+            stage=t.stage, last_error=t.last_error, errors=t.errors, result=t.result,
+        )  # fmt: skip
+
+
+class TaskListOut(BaseModel):
+    tasks: list[TaskOut]
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null at the end")
+
+
+class RunOut(BaseModel):
+    root_id: str
+    status: Literal["running", "done", "failed"]
+    tasks: int
+    unfinished: int
+    done: int
+    dead: int
+    cancelled: int
+    failed_task_id: str | None
+    failed_queue: str | None
+    error: str | None
+
+    @classmethod
+    def of(cls, r: models.RunStatus) -> RunOut:
+        return cls(
+            root_id=f"t_{r.root_id}", status=r.status, tasks=r.tasks, unfinished=r.unfinished,  # type: ignore[arg-type]
+            done=r.done, dead=r.dead, cancelled=r.cancelled, failed_task_id=tid(r.failed_task_id),
+            failed_queue=r.failed_queue, error=r.error,
+        )  # fmt: skip
+
+
+class TaskDetailOut(TaskOut):
+    run: RunOut
+    lineage: list[TaskOut] = Field(description="every task of this task's run, oldest first (at most 200)")
+
+
+class QueueStatsOut(BaseModel):
+    queue: str
+    paused: bool
+    waiting: int
+    held: int
+    pending: int
+    scheduled: int
+    leased: int
+    done: int
+    dead: int
+    cancelled: int
+    oldest_pending_age_s: float | None
+
+
+class QueuesOut(BaseModel):
+    queues: list[QueueStatsOut]
+
+
+class QueueSettingsIn(Strict):
+    lease_s: int | None = Field(None, ge=1, le=3600)
+    max_attempts: int | None = Field(None, ge=1, le=1000)
+    backoff_base_s: float | None = Field(None, ge=0)
+    backoff_max_s: float | None = Field(None, ge=0)
+    retention_s: int | None = Field(None, ge=0)
+    max_body_bytes: int | None = Field(None, ge=1, le=104857600)
+    paused: bool | None = None
+
+
+class QueueSettingsOut(BaseModel):
+    name: str
+    lease_s: int
+    max_attempts: int
+    backoff_base_s: float
+    backoff_max_s: float
+    retention_s: int
+    max_body_bytes: int
+    paused: bool
+    created_at: datetime
+
+
+class EdgeIn(Strict):
+    from_queue: str = QueueName
+    to_queue: str = QueueName
+    map: str | None = Field(None, description="JSON pointer into the result: the next payload")
+    fan_out: str | None = Field(None, description="JSON pointer to an array: one task per element")
+    when: str | None = Field(None, description="JSON pointer the condition looks at")
+    equals: Any = Field(None, description="route when the value at `when` equals this")
+    present: bool | None = Field(None, description="route when `when` is present (true) or absent (false)")
+    join: bool = False
+    partial: bool = False
+    priority: int | None = None
+    delay_s: float = Field(0, ge=0)
+
+
+class EdgeOut(BaseModel):
+    from_queue: str
+    to_queue: str
+    map: str | None
+    fan_out: str | None
+    when_pointer: str | None
+    when_equals: Any
+    when_present: bool | None
+    is_join: bool
+    partial: bool
+    priority: int | None
+    delay_s: float
+
+
+class GraphOut(BaseModel):
+    edges: list[EdgeOut]
+
+
+class KeyIn(Strict):
+    ring: int = Field(ge=0, le=3, description="0 admin, 1 operator, 2 worker, 3 observer")
+    queues: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="glob patterns")
+    name: str = Field("", max_length=200)
+
+
+class KeyOut(BaseModel):
+    id: int
+    name: str
+    ring: int
+    queues: list[str]
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class NewKeyOut(BaseModel):
+    key: str = Field(description="shown this once: store it now")
+    id: int
+    name: str
+    ring: int
+    queues: list[str]
+
+
+class KeysOut(BaseModel):
+    keys: list[KeyOut]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody

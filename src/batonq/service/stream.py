@@ -1,0 +1,106 @@
+"""GET /v1/stream: server-sent events of claimable work, or (claim=true)
+of tasks claimed for the subscriber, at most ``credit`` unfinished at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from batonq.client import AsyncClient
+from batonq.service import schemas as s
+from batonq.service.auth import WORKER, Principal, require
+
+router = APIRouter(prefix="/v1", tags=["work"])
+_CREDIT_POLL_S = 0.25
+
+
+def sse(event: str, data: Any, event_id: int | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, default=str)}\n\n"
+
+
+async def _announce(client: AsyncClient, queue: str, keepalive_s: float, seq: int) -> AsyncIterator[str]:
+    async with client.watch(queue) as wake:
+        while True:
+            stats = await client.queues(queue)
+            pending = stats[0].pending if stats else 0
+            if pending > 0:
+                seq += 1
+                yield sse("available", {"queue": queue, "pending": pending}, seq)
+            if not await wake.wait(keepalive_s):
+                yield ": keep-alive\n\n"
+
+
+async def _still_held(client: AsyncClient, outstanding: dict[int, int]) -> None:
+    """Forget the tasks the subscriber has finished (or lost): they free credit."""
+    for task_id, token in list(outstanding.items()):
+        task = await client.task(task_id)
+        if task.state != "leased" or task.fencing_token != token:
+            del outstanding[task_id]
+
+
+async def _deliver(
+    client: AsyncClient, queue: str, credit: int, lease_s: int | None, worker: str, keepalive_s: float
+) -> AsyncIterator[str]:
+    outstanding: dict[int, int] = {}
+    idle = 0.0
+    while True:
+        await _still_held(client, outstanding)
+        free = credit - len(outstanding)
+        if free <= 0:
+            await asyncio.sleep(_CREDIT_POLL_S)
+            idle += _CREDIT_POLL_S
+            if idle >= keepalive_s:
+                idle = 0.0
+                yield ": keep-alive\n\n"
+            continue
+        leases = await client.claim(
+            queue, max_tasks=free, lease_s=lease_s, wait_s=min(keepalive_s, 55), worker=worker
+        )
+        if not leases:
+            yield ": keep-alive\n\n"
+        for lease in leases:
+            outstanding[lease.task_id] = lease.fencing_token
+            yield sse("task", s.ClaimedTask.of(lease).model_dump(mode="json"), lease.fencing_token)
+        idle = 0.0
+
+
+@router.get(
+    "/stream",
+    summary="Server-sent events: claimable work, or tasks claimed for you",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "an event stream"}},
+)
+async def stream(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(WORKER))],
+    queue: Annotated[str, Query(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,127}$")],
+    claim: bool = False,
+    credit: Annotated[int, Query(ge=1, le=100, description="with claim: unfinished tasks at most")] = 1,
+    lease_s: Annotated[int | None, Query(ge=1, le=3600)] = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    """Without `claim`: an `available` event (`{"queue","pending"}`) whenever the
+    queue has claimable tasks. With `claim=true`: `task` events, each a claimed
+    task with its lease token (the event id is its fencing token); at most
+    `credit` are unfinished at once, the next comes when you submit or fail one.
+    Comments (`: keep-alive`) keep idle connections open. Tasks leased to a
+    dropped connection return when their lease runs out."""
+    principal.check_queue(queue)
+    client: AsyncClient = request.app.state.client
+    keepalive_s: float = request.app.state.keepalive_s
+    if claim:
+        events = _deliver(client, queue, credit, lease_s, f"sse-key-{principal.key_id}", keepalive_s)
+    else:
+        seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
+        events = _announce(client, queue, keepalive_s, seq)
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

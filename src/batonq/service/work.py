@@ -1,0 +1,156 @@
+"""Worker endpoints (ring 2): enqueue, claim, heartbeat, submit, fail, release."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request
+
+from batonq.client import AsyncClient
+from batonq.service import schemas as s
+from batonq.service.auth import WORKER, Principal, require
+from batonq.service.metrics import Metrics
+from batonq.service.problems import ApiError
+
+router = APIRouter(prefix="/v1", tags=["work"])
+Worker = Annotated[Principal, Depends(require(WORKER))]
+
+
+def _client(request: Request) -> AsyncClient:
+    client: AsyncClient = request.app.state.client
+    return client
+
+
+def _metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def token_queue(principal: Principal, lease_token: str) -> str:
+    """The queue a lease token names, which the key must cover."""
+    queue, _, rest = lease_token.partition("/")
+    if not rest:
+        raise ApiError(400, "invalid_token", "malformed lease token: use the lease_token returned by claim")
+    principal.check_queue(queue)
+    return queue
+
+
+@router.post(
+    "/enqueue",
+    response_model=s.EnqueueOut | s.EnqueueManyOut,
+    summary="Enqueue one task (an object) or many (a list)",
+)
+async def enqueue(
+    request: Request,
+    body: s.EnqueueIn | list[s.EnqueueIn],
+    principal: Worker,
+    idempotency_key: Annotated[str | None, Header(max_length=512)] = None,
+) -> s.EnqueueOut | s.EnqueueManyOut:
+    """The same `idempotency_key` (field, or `Idempotency-Key` header for a single
+    task) in the same queue returns the existing task with `created: false`.
+    A list is enqueued in one transaction: all of it or none."""
+    client = _client(request)
+    items = body if isinstance(body, list) else [body]
+    for item in items:
+        principal.check_queue(item.queue)
+    if not isinstance(body, list):
+        created = await client.enqueue(
+            body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
+            max_attempts=body.max_attempts, key=body.idempotency_key or idempotency_key,
+            held=body.held, parent_id=body.parent,
+        )  # fmt: skip
+        return s.EnqueueOut.of(created)
+    groups: dict[tuple[str, int | None, bool, int | str | None], list[int]] = defaultdict(list)
+    for index, item in enumerate(items):
+        groups[(item.queue, item.max_attempts, item.held, item.parent)].append(index)
+    answers: list[s.EnqueueOut | None] = [None] * len(items)
+    async with client.transaction() as conn:
+        for (queue, max_attempts, held, parent), indexes in groups.items():
+            part = [items[i] for i in indexes]
+            done = await client.enqueue_many(
+                queue, [i.payload for i in part], keys=[i.idempotency_key for i in part],
+                priorities=[i.priority for i in part], delays_s=[i.delay_s for i in part],
+                max_attempts=max_attempts, held=held, parent_id=parent, conn=conn,
+            )  # fmt: skip
+            for index, answer in zip(indexes, done, strict=True):
+                answers[index] = s.EnqueueOut.of(answer)
+    return s.EnqueueManyOut(tasks=[a for a in answers if a is not None])
+
+
+@router.post("/claim", response_model=s.ClaimOut, summary="Claim tasks under a lease")
+async def claim(request: Request, body: s.ClaimIn, principal: Worker) -> s.ClaimOut:
+    """Each task comes with a new `fencing_token` and a `lease_token` that every
+    later write about it must present. With `wait_s`, an empty queue is
+    long-polled; the reply is `{"tasks": []}` if nothing came."""
+    principal.check_queue(body.queue)
+    leases = await _client(request).claim(
+        body.queue, max_tasks=body.max_tasks, lease_s=body.lease_s, wait_s=body.wait_s,
+        worker=body.worker or f"key-{principal.key_id}",
+    )  # fmt: skip
+    _metrics(request).claims.labels(body.queue).inc(len(leases))
+    return s.ClaimOut(tasks=[s.ClaimedTask.of(lease) for lease in leases])
+
+
+@router.post(
+    "/heartbeat",
+    response_model=s.HeartbeatOut,
+    responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
+)
+async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) -> s.HeartbeatOut:
+    """Extend the lease by `lease_s` (default: the claim's) from now; optionally set `stage`."""
+    queue = token_queue(principal, body.lease_token)
+    with _metrics(request).refusals(queue):
+        beat = await _client(request).heartbeat(body.lease_token, lease_s=body.lease_s, stage=body.stage)
+    assert beat.lease_expires_in_s is not None and beat.lease_expires_at is not None
+    return s.HeartbeatOut(
+        task_id=f"t_{beat.task_id}",
+        lease_expires_in_s=beat.lease_expires_in_s,
+        lease_expires_at=beat.lease_expires_at,
+    )
+
+
+@router.post(
+    "/submit",
+    response_model=s.SubmitOut,
+    summary="Complete a leased task with its result",
+    responses={
+        409: {"model": s.ErrorOut, "description": "lease no longer held; the error says the task's state"}
+    },
+)
+async def submit(request: Request, body: s.SubmitIn, principal: Worker) -> s.SubmitOut:
+    """A repeat of an accepted submit returns the first outcome with `replayed: true`."""
+    queue = token_queue(principal, body.lease_token)
+    with _metrics(request).refusals(queue):
+        done = await _client(request).complete(body.lease_token, body.result)
+    _metrics(request).completions.labels(queue, "replayed" if done.replayed else "accepted").inc()
+    return s.SubmitOut.of(done)
+
+
+@router.post(
+    "/fail",
+    response_model=s.SubmitOut,
+    responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
+)
+async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitOut:
+    """Retry after `retry_delay_s`, or after the queue's backoff when omitted;
+    `requeue: false` makes the task dead now."""
+    queue = token_queue(principal, body.lease_token)
+    with _metrics(request).refusals(queue):
+        failed = await _client(request).fail(
+            body.lease_token, body.error, retry_delay_s=body.retry_delay_s, requeue=body.requeue
+        )
+    return s.SubmitOut.of(failed)
+
+
+@router.post(
+    "/release",
+    response_model=s.SubmitOut,
+    responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
+)
+async def release(request: Request, body: s.LeaseTokenIn, principal: Worker) -> s.SubmitOut:
+    """Give a lease back unfinished: the task is claimable at once and the attempt is not counted."""
+    queue = token_queue(principal, body.lease_token)
+    with _metrics(request).refusals(queue):
+        released = await _client(request).release_lease(body.lease_token)
+    return s.SubmitOut.of(released)
