@@ -1,0 +1,133 @@
+"""``batonq worker``: run an App's handlers (or one handler function) until
+stopped; see docs/worker.md."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from batonq.worker import Worker, load
+from batonq.worker.logs import configure
+
+__all__ = ["worker"]
+
+EXIT_CODES = """\b
+Exit codes:
+  0    stopped gracefully: by SIGTERM/SIGINT (running jobs finished within
+       --grace, or their leases were given back), --burst, or --max-tasks
+  1    an error (database unreachable, schema missing, ...)
+  2    usage error (a bad option, or a TARGET that does not load)
+  130  a second SIGINT stopped it at once (running jobs' leases given back)
+  143  a second SIGTERM stopped it at once"""
+
+
+def _split(values: tuple[str, ...]) -> list[str]:
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
+@click.command(epilog=EXIT_CODES)
+@click.argument("target")
+@click.option(
+    "--queue",
+    "handler_queues",
+    multiple=True,
+    metavar="QUEUE",
+    help="With a handler function as TARGET: the queue it serves (repeatable).",
+)
+@click.option(
+    "--queues",
+    "subset",
+    multiple=True,
+    metavar="Q1,Q2",
+    help="Serve only these of the App's queues (comma-separated or repeated).",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 10000),
+    default=10,
+    show_default=True,
+    help="Jobs at once (also the thread pool size for sync handlers).",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    type=click.IntRange(1, 3600),
+    metavar="SECONDS",
+    help="Lease per claim; heartbeats renew it every third. Default: the queue's.",
+)
+@click.option("--max-tasks", type=click.IntRange(min=1), help="Stop (exit 0) after claiming this many.")
+@click.option("--burst", is_flag=True, help="Stop (exit 0) when no task is claimable and none is running.")
+@click.option(
+    "--grace",
+    "grace_s",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="After SIGTERM/SIGINT, how long running jobs may finish.",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(min=0.01),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="When idle, claim again after this long without a wake-up.",
+)
+@click.option("--name", help="This worker's name on its claims. Default: host:pid.")
+@click.option(
+    "--dsn",
+    metavar="URL",
+    help="PostgreSQL URL. Default: batonq's --dsn, $BATONQ_DATABASE_URL, else the embedded PostgreSQL.",
+)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)  # fmt: skip
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    target: str,
+    handler_queues: tuple[str, ...],
+    subset: tuple[str, ...],
+    concurrency: int,
+    lease_s: int | None,
+    max_tasks: int | None,
+    burst: bool,
+    grace_s: float,
+    wait_s: float,
+    name: str | None,
+    dsn: str | None,
+    log_format: str,
+    log_level: str,
+) -> None:
+    """Run the handlers of TARGET: an App (module:app) or a handler function
+    (module:function --queue QUEUE).
+
+    \b
+    Example:
+      batonq worker myapp.tasks:app --concurrency 20
+      batonq worker myapp.tasks:ship --queue shop:tasks --burst
+    """
+    configure(log_level, log_format)
+    try:
+        app = load(target, _split(handler_queues))
+        runner = Worker(
+            app, dsn=dsn or ctx.find_root().params.get("dsn"), queues=_split(subset) or None,
+            concurrency=concurrency, lease_s=lease_s, wait_s=wait_s, grace_s=grace_s,
+            max_tasks=max_tasks, burst=burst, name=name,
+        )  # fmt: skip
+    except (ImportError, ValueError, TypeError) as error:
+        raise click.UsageError(str(error), ctx) from error
+    code = runner.run()
+    if runner.abandoned:
+        # Sync handlers still running in threads would hold the interpreter
+        # open; their leases are already given back.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    ctx.exit(code)

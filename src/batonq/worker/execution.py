@@ -1,0 +1,251 @@
+"""One claimed task in a worker, from claim to outcome: run the handler
+(on the loop or in a thread), heartbeat the lease meanwhile, and submit
+what the handler produced -- or give the lease back at shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+import psycopg
+
+from batonq.client import AsyncClient
+from batonq.errors import LeaseLost, PayloadTooLarge
+from batonq.models import JSON, Lease, Submitted
+from batonq.worker.app import TaskSpec
+from batonq.worker.failure import DEFAULT_LIMIT_BYTES, Failure, failure_of, fit_text, json_size
+from batonq.worker.job import AsyncJob, BaseJob, Job
+from batonq.worker.middleware import Middleware, Outcome, run_after, run_before
+
+__all__ = ["Execution"]
+
+log = logging.getLogger("batonq.worker")
+T = TypeVar("T")
+
+_SUBMIT_TRIES = 5
+_RETRY_BASE_S = 0.5
+_RETRY_MAX_S = 10.0
+
+
+class _Cancelled:
+    """The handler was cancelled because its lease was lost: nothing to submit."""
+
+
+_CANCELLED = _Cancelled()
+Produced = JSON | BaseException | _Cancelled
+
+
+class Execution:
+    """Runs one job. ``phase`` goes running -> submitting -> finished, or
+    running -> released when the worker gives the lease back first."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        spec: TaskSpec,
+        *,
+        client: AsyncClient,
+        executor: Executor,
+        middleware: Sequence[Middleware],
+        log_fields: dict[str, Any],
+        on_finished: Callable[[Execution], None],
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        job_type = AsyncJob if spec.is_async else Job
+        self.job: BaseJob = job_type(lease, client, loop, self.lose)
+        self.spec = spec
+        self.started = time.monotonic()
+        self.phase = "running"
+        self.lost: LeaseLost | None = None
+        self._client = client
+        self._loop = loop
+        self._executor = executor
+        self._middleware = middleware
+        self._fields = {**log_fields, **self.job.log_fields()}
+        self._on_finished = on_finished
+        self._handler: asyncio.Future[Any] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.task = asyncio.create_task(self._run(), name=f"batonq-t_{lease.task_id}")
+
+    @property
+    def duration_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def thread_busy(self) -> bool:
+        """A sync handler still running in its thread."""
+        return not self.spec.is_async and self._handler is not None and not self._handler.done()
+
+    def lose(self, lost: LeaseLost) -> None:
+        """The lease is gone: tell the handler (a flag, and a cancellation
+        for async handlers); whatever it returns will be refused."""
+        if self.lost is not None or self.phase != "running":
+            return
+        self.lost = lost
+        self.job.lease_lost.set()
+        log.warning("lease of t_%d lost: %s", self.job.id, lost.message,
+                    extra={**self._fields, "state": lost.state})  # fmt: skip
+        if self.spec.is_async and self._handler is not None:
+            self._handler.cancel()
+
+    # -- the run -------------------------------------------------------------
+
+    async def _run(self) -> None:
+        self._heartbeat = asyncio.create_task(self._heartbeats())
+        produced: Produced
+        try:
+            await run_before(self._middleware, self.job)
+            self._handler = self._call_handler()
+            await asyncio.wait([self._handler])
+        except asyncio.CancelledError:
+            if self._handler is not None:
+                self._handler.cancel()
+            raise
+        except Exception as error:  # from before_job: the job fails as if its handler raised
+            produced = error
+        else:
+            produced = self._produced(self._handler)
+        finally:
+            self._heartbeat.cancel()
+        if self.phase == "released":
+            return  # the worker gave the lease back and accounts for it
+        self.phase = "submitting"
+        outcome = await self._submit(produced)
+        self.phase = "finished"
+        await run_after(self._middleware, self.job, outcome)
+        self._log(outcome)
+        self._on_finished(self)
+
+    def _call_handler(self) -> asyncio.Future[Any]:
+        if self.spec.is_async:
+            coroutine: Awaitable[Any] = self.spec.handler(self.job)
+            return asyncio.ensure_future(coroutine)
+        call = functools.partial(contextvars.copy_context().run, self.spec.handler, self.job)
+        return self._loop.run_in_executor(self._executor, call)
+
+    def _produced(self, handler: asyncio.Future[Any]) -> Produced:
+        if handler.cancelled():
+            if self.lost is not None or self.phase == "released":
+                return _CANCELLED
+            return asyncio.CancelledError("the handler was cancelled")
+        error = handler.exception()
+        return error if error is not None else handler.result()
+
+    async def _heartbeats(self) -> None:
+        """Extend the lease about every third of it while the handler runs."""
+        interval = max(self.job.lease.lease_expires_in_s / 3, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._client.heartbeat(self.job.lease_token)
+            except LeaseLost as lost:
+                self.lose(lost)
+                return
+            except psycopg.OperationalError as error:
+                log.warning("heartbeat of t_%d failed (%s); trying again", self.job.id, error,
+                            extra=self._fields)  # fmt: skip
+
+    # -- submit --------------------------------------------------------------
+
+    async def _submit(self, produced: Produced) -> Outcome:
+        """Complete or fail the task with what the handler produced. After a
+        lost lease it is still sent: the engine refuses it and records it."""
+        if isinstance(produced, _Cancelled):
+            return Outcome("lease_lost", duration_s=self.duration_s)
+        try:
+            if isinstance(produced, BaseException):
+                return await self._fail(produced, failure_of(produced))
+            return await self._complete(produced)
+        except LeaseLost as lost:
+            self.lost = self.lost or lost
+            if isinstance(produced, BaseException):
+                return Outcome("lease_lost", error=produced, duration_s=self.duration_s)
+            return Outcome("lease_lost", result=produced, duration_s=self.duration_s)
+        except Exception as error:  # the database is gone, or a bug: never hold the slot
+            log.error("could not submit t_%d (%s): it comes back when its lease expires", self.job.id,
+                      error, exc_info=not isinstance(error, psycopg.OperationalError),
+                      extra=self._fields)  # fmt: skip
+            return Outcome("unsubmitted", error=error, duration_s=self.duration_s)
+
+    async def _complete(self, result: JSON) -> Outcome:
+        token = self.job.lease_token
+        try:
+            json_size(result)
+        except (TypeError, ValueError) as error:
+            bad = ValueError(f"the handler's result is not JSON: {error}")
+            return await self._fail(bad, Failure(str(bad), requeue=False))
+        try:
+            await self._send(lambda: self._client.complete(token, result))
+        except (PayloadTooLarge, psycopg.DataError) as error:
+            return await self._fail(error, Failure(f"result refused: {error}", requeue=False))
+        return Outcome("done", result=result, duration_s=self.duration_s)
+
+    async def _fail(self, error: BaseException, failure: Failure) -> Outcome:
+        token = self.job.lease_token
+
+        def send(text: str) -> Awaitable[Submitted]:
+            return self._client.fail(token, text, retry_delay_s=failure.retry_delay_s,
+                                     requeue=failure.requeue)  # fmt: skip
+
+        try:
+            reply = await self._send(lambda: send(failure.error))
+        except PayloadTooLarge as too_large:  # the queue's limit is below the default
+            limit = int(too_large.detail.get("limit", DEFAULT_LIMIT_BYTES // 2))
+            reply = await self._send(lambda: send(fit_text(failure.error, limit)))
+        return Outcome("dead" if reply.state == "dead" else "retry", error=error, duration_s=self.duration_s)
+
+    async def _send(self, call: Callable[[], Awaitable[T]]) -> T:
+        """A submit, retried while the database is unreachable: a repeat of
+        an accepted one is a harmless replay."""
+        for attempt in range(_SUBMIT_TRIES - 1):
+            try:
+                return await call()
+            except psycopg.OperationalError as error:
+                log.warning("submit of t_%d failed (%s); trying again", self.job.id, error,
+                            extra=self._fields)  # fmt: skip
+                await asyncio.sleep(min(_RETRY_BASE_S * 2**attempt, _RETRY_MAX_S))
+        return await call()
+
+    def _log(self, outcome: Outcome) -> None:
+        extra = {**self._fields, "outcome": outcome.status, "duration_s": round(outcome.duration_s, 6)}
+        error = outcome.error
+        if outcome.status == "done":
+            log.info("t_%d done in %.3f s", self.job.id, outcome.duration_s, extra=extra)
+        elif outcome.status in ("lease_lost", "unsubmitted"):
+            log.warning("t_%d: outcome not accepted (%s)", self.job.id, outcome.status, extra=extra)
+        else:
+            summary = f"{type(error).__name__}: {error}" if error is not None else "failed"
+            verdict = "will retry" if outcome.status == "retry" else "is dead"
+            log.warning("t_%d %s: %s", self.job.id, verdict, summary, extra=extra)
+
+    # -- shutdown ------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Shutdown: stop heartbeating, tell the handler its lease is going
+        (cancel an async one), and drop whatever it will produce."""
+        self.phase = "released"
+        self.job.lease_lost.set()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        if self.spec.is_async and self._handler is not None:
+            self._handler.cancel()
+
+    async def release(self) -> None:
+        """Give the lease back: the task is claimable again at once."""
+        try:
+            await self._client.release_lease(self.job.lease_token)
+        except LeaseLost as lost:
+            log.info("t_%d not released: %s", self.job.id, lost.message, extra=self._fields)
+        except psycopg.Error as error:
+            log.warning("could not release t_%d (%s): it comes back when its lease expires", self.job.id,
+                        error, extra=self._fields)  # fmt: skip
+        else:
+            log.info("released t_%d: claimable again now", self.job.id,
+                     extra={**self._fields, "outcome": "released"})  # fmt: skip
+        await run_after(self._middleware, self.job, Outcome("released", duration_s=self.duration_s))
