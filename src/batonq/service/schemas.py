@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,6 +13,7 @@ TaskRef = int | str
 """A task id, as ``t_5521`` or ``5521``."""
 
 State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
+RunState = Literal["running", "done", "failed"]
 QueueName = Field(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,127}$", examples=["shop:tasks"])
 
 
@@ -46,7 +47,13 @@ class EnqueueOut(BaseModel):
 
     @classmethod
     def of(cls, e: models.Enqueued) -> EnqueueOut:
-        return cls(task_id=f"t_{e.task_id}", queue=e.queue, created=e.created, state=e.state, run_at=e.run_at)  # type: ignore[arg-type]
+        return cls(
+            task_id=f"t_{e.task_id}",
+            queue=e.queue,
+            created=e.created,
+            state=cast(State, e.state),
+            run_at=e.run_at,
+        )
 
 
 class EnqueueManyOut(BaseModel):
@@ -146,8 +153,11 @@ class SubmitOut(BaseModel):
     @classmethod
     def of(cls, s: models.Submitted) -> SubmitOut:
         return cls(
-            task_id=f"t_{s.task_id}", state=s.state, replayed=s.replayed, fencing_token=s.fencing_token
-        )  # type: ignore[arg-type]
+            task_id=f"t_{s.task_id}",
+            state=cast(State, s.state),
+            replayed=s.replayed,
+            fencing_token=s.fencing_token,
+        )
 
 
 class TaskOut(BaseModel):
@@ -176,7 +186,8 @@ class TaskOut(BaseModel):
     @classmethod
     def of(cls, t: models.Task) -> TaskOut:
         return cls(
-            task_id=f"t_{t.id}", queue=t.queue, state=t.state, priority=t.priority, payload=t.payload,  # type: ignore[arg-type]
+            task_id=f"t_{t.id}", queue=t.queue, state=cast(State, t.state), priority=t.priority,
+            payload=t.payload,
             attempts=t.attempts, max_attempts=t.max_attempts, idempotency_key=t.idempotency_key,
             parent_id=tid(t.parent_id), root_id=f"t_{t.root_id}", fencing_token=t.fencing_token,
             run_at=t.run_at, created_at=t.created_at, claimed_at=t.claimed_at,
@@ -192,7 +203,7 @@ class TaskListOut(BaseModel):
 
 class RunOut(BaseModel):
     root_id: str
-    status: Literal["running", "done", "failed"]
+    status: RunState
     tasks: int
     unfinished: int
     done: int
@@ -205,7 +216,7 @@ class RunOut(BaseModel):
     @classmethod
     def of(cls, r: models.RunStatus) -> RunOut:
         return cls(
-            root_id=f"t_{r.root_id}", status=r.status, tasks=r.tasks, unfinished=r.unfinished,  # type: ignore[arg-type]
+            root_id=f"t_{r.root_id}", status=cast(RunState, r.status), tasks=r.tasks, unfinished=r.unfinished,
             done=r.done, dead=r.dead, cancelled=r.cancelled, failed_task_id=tid(r.failed_task_id),
             failed_queue=r.failed_queue, error=r.error,
         )  # fmt: skip
