@@ -125,5 +125,8 @@ def create_app(
     problems.install(app)
     for module in (work, stream, reads, admin, discovery):
         app.include_router(module.router)
+    from batonq.mcp.http import mount as mount_mcp  # imported here: batonq.mcp imports batonq.service
+
+    mount_mcp(app)  # MCP over streamable HTTP at /mcp, behind the same keys
     app.add_middleware(Limits, max_body_bytes=max_body_bytes, metrics=metrics)
     return app

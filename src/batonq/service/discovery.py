@@ -38,6 +38,7 @@ Repeating a submit is safe: it returns the first outcome with "replayed": true.
 - POST /v1/enqueue {"queue", "payload", "idempotency_key"?, "priority"?, "delay_s"?}
 - GET /v1/stream?queue=Q (server-sent events), GET /v1/tasks/{id}, GET /v1/runs/{id}
 - OpenAPI: /openapi.json
+- MCP (streamable HTTP, the same Bearer keys): /mcp; card at /.well-known/mcp.json
 """
 
 
@@ -57,6 +58,35 @@ async def agent_card(request: Request) -> dict[str, Any]:
         "documentation": f"{base}/llms.txt",
         "openapi": f"{base}/openapi.json",
         "authentication": {"schemes": ["bearer"]},
+    }
+
+
+@router.get("/.well-known/mcp.json", include_in_schema=False)
+@router.get("/.well-known/mcp/server-card.json", include_in_schema=False)
+async def mcp_card(request: Request) -> dict[str, Any]:
+    """Where the MCP server is (streamable HTTP at /mcp) and how to authenticate."""
+    base = str(request.base_url).rstrip("/")
+    return {
+        "$schema": "https://static.modelcontextprotocol.io/schemas/v1/server-card.schema.json",
+        "name": "batonq",
+        "title": "batonq task queue",
+        "description": "Claim tasks under leases, complete them with results, enqueue new ones.",
+        "version": batonq.__version__,
+        "remotes": [
+            {
+                "type": "streamable-http",
+                "url": f"{base}/mcp",
+                "headers": [
+                    {
+                        "name": "Authorization",
+                        "description": "Bearer <batonq API key>; a ring 3 key sees only the reading tools",
+                        "isRequired": True,
+                        "isSecret": True,
+                    }
+                ],
+            }
+        ],
+        "documentation": f"{base}/llms.txt",
     }
 
 

@@ -1,0 +1,108 @@
+"""The MCP server object and the stdio entry point."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.prompts.base import Prompt
+
+import batonq
+from batonq.client import AsyncClient
+from batonq.mcp.access import Access, find_access
+from batonq.mcp.guide import GUIDE, GUIDE_URI, INSTRUCTIONS, work_through_queue
+from batonq.mcp.tools import READ_TOOLS, TOOLS
+
+__all__ = ["build_server", "serve_stdio"]
+
+
+async def _hide_write_tools(ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+    """A read-only caller (ring 3 key, or --read-only) is shown only the reading
+    tools; the write tools also refuse it themselves, should it call one anyway."""
+    result = await call_next(ctx)
+    if ctx.method == "tools/list" and isinstance(result, dict):
+        access = find_access(ctx)
+        if access is None or not access.can_write:
+            tools = [
+                t for t in result.get("tools", []) if isinstance(t, dict) and t.get("name") in READ_TOOLS
+            ]
+            result = {**result, "tools": tools}
+    return result
+
+
+def build_server(fixed: Access | None = None) -> MCPServer[Any]:
+    """batonq's MCP server. ``fixed``: every caller's access (stdio); without
+    it, each HTTP request brings its own (see ``batonq.mcp.http``)."""
+    lifespan = None
+    if fixed is not None:
+
+        @asynccontextmanager
+        async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Access]:
+            yield fixed
+
+    server: MCPServer[Any] = MCPServer(
+        "batonq",
+        title="batonq task queue",
+        description="Claim tasks under leases, complete them with results, enqueue new ones.",
+        instructions=INSTRUCTIONS,
+        version=batonq.__version__,
+        lifespan=lifespan,
+        middleware=[_hide_write_tools],
+        log_level="WARNING",
+    )
+    for name, spec in TOOLS.items():
+        server.add_tool(
+            spec.fn, name=name, title=spec.title, description=spec.description,
+            annotations=spec.annotations, structured_output=True,
+        )  # fmt: skip
+
+    @server.resource(
+        GUIDE_URI,
+        name="guide",
+        title="batonq guide: claims, leases and submits",
+        description="How to claim, hold and finish tasks; read it before working a queue.",
+        mime_type="text/markdown",
+    )
+    def guide() -> str:
+        return GUIDE
+
+    server.add_prompt(
+        Prompt.from_function(work_through_queue, name="work_through_queue", title="Work through queue Q")
+    )
+    return server
+
+
+def _worker_name(key_id: int | None) -> str:
+    who = f"key-{key_id}@" if key_id is not None else ""
+    return f"mcp:{who}{socket.gethostname()}:{os.getpid()}"
+
+
+async def stdio_access(client: AsyncClient, *, read_only: bool, key: str | None) -> Access:
+    """Full access, or a key's ring and queues; ``read_only`` caps it at ring 3.
+
+    Raises ``PermissionError`` for an invalid or revoked key.
+    """
+    if key is None:
+        access = Access(client, worker=_worker_name(None))
+    else:
+        from batonq.service.auth import authenticate
+        from batonq.service.problems import ApiError
+
+        try:
+            principal = await authenticate(client, f"Bearer {key}")
+        except ApiError as error:
+            raise PermissionError(error.message) from None
+        access = Access(client, principal.ring, principal.queues, _worker_name(principal.key_id))
+    return access.read_only() if read_only else access
+
+
+async def serve_stdio(dsn: str, *, read_only: bool = False, key: str | None = None) -> None:
+    """Serve MCP on stdin/stdout until the client closes them."""
+    async with await AsyncClient(dsn, max_connections=5).open() as client:
+        access = await stdio_access(client, read_only=read_only, key=key)
+        await build_server(access).run_stdio_async()
