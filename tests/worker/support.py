@@ -59,19 +59,23 @@ def states(sql: psycopg.Connection[Any], queue: str | None = None) -> dict[int, 
     return {task_id: state for task_id, state in rows}
 
 
-def leased(sql: psycopg.Connection[Any]) -> int:
+def leased(sql: psycopg.Connection[Any], at_least: int = 2) -> int:
+    """How many tasks are leased now, once at least ``at_least`` are (else 0)."""
     row = sql.execute("SELECT count(*) FROM batonq.tasks WHERE state = 'leased'").fetchone()
-    return int(row[0]) if row else 0
+    count = int(row[0]) if row else 0
+    return count if count >= at_least else 0
 
 
 class WorkerProcess:
     """``batonq worker ...`` as its own OS process, run from the repo root
     (so ``tests.worker.worker_apps`` imports); stderr goes to a file."""
 
-    def __init__(self, args: Sequence[str], tmp_path: Path, *, cwd: Path = ROOT) -> None:
+    def __init__(
+        self, args: Sequence[str], tmp_path: Path, *, cwd: Path = ROOT, env: dict[str, str] | None = None
+    ) -> None:
         self.log_path = tmp_path / f"worker-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [BATONQ, "worker", *args], cwd=cwd, env=env, stdout=self._log, stderr=subprocess.STDOUT
         )

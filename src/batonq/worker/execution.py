@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -71,6 +70,7 @@ class Execution:
         self._on_finished = on_finished
         self._handler: asyncio.Future[Any] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+        self._thread_busy = False
         self.task = asyncio.create_task(self._run(), name=f"batonq-t_{lease.task_id}")
 
     @property
@@ -80,7 +80,7 @@ class Execution:
     @property
     def thread_busy(self) -> bool:
         """A sync handler still running in its thread."""
-        return not self.spec.is_async and self._handler is not None and not self._handler.done()
+        return self._thread_busy
 
     def lose(self, lost: LeaseLost) -> None:
         """The lease is gone: tell the handler (a flag, and a cancellation
@@ -126,8 +126,14 @@ class Execution:
         if self.spec.is_async:
             coroutine: Awaitable[Any] = self.spec.handler(self.job)
             return asyncio.ensure_future(coroutine)
-        call = functools.partial(contextvars.copy_context().run, self.spec.handler, self.job)
-        return self._loop.run_in_executor(self._executor, call)
+        return self._loop.run_in_executor(self._executor, self._in_thread, contextvars.copy_context())
+
+    def _in_thread(self, context: contextvars.Context) -> Any:
+        self._thread_busy = True
+        try:
+            return context.run(self.spec.handler, self.job)
+        finally:
+            self._thread_busy = False
 
     def _produced(self, handler: asyncio.Future[Any]) -> Produced:
         if handler.cancelled():
