@@ -45,9 +45,13 @@ class Sweeper:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
-                    self._lead(conn)
+                    try:
+                        self._lead(conn)
+                    finally:
+                        # The leader lock is this connection's: leadership
+                        # ends with it, on stop() as on a lost connection.
+                        self.is_leader = False
             except psycopg.Error as error:
-                self.is_leader = False
                 log.warning("sweeper connection lost (%s); retrying", error)
                 self._stop.wait(self.interval_s)
 

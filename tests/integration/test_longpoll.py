@@ -1,0 +1,218 @@
+"""Long-poll claims: woken by LISTEN/NOTIFY within milliseconds of an enqueue,
+on one listener connection per client however many waiters, or by polling
+alone when LISTEN is off."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from tests.waiting import wait_for
+
+import batonq
+from batonq.listener import Listener
+
+Q = "shop:tasks"
+TRIES = 5
+WAKE_LIMIT_S = 0.1
+# So long that only a NOTIFY can wake a waiter in time: polling never does.
+NO_POLL_S = 30.0
+
+LISTENERS_SQL = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query = 'LISTEN batonq'"
+# A waiter is waiting once its client ran a claim since `since` and went idle.
+WAITING_SQL = """
+    SELECT count(*) FROM pg_stat_activity
+     WHERE datname = %(db)s AND application_name = %(app)s AND state = 'idle'
+       AND query LIKE '%%batonq.claim(%%' AND query_start >= %(since)s"""
+
+
+def _db(dsn: str) -> str:
+    return str(conninfo_to_dict(dsn)["dbname"])
+
+
+def _named(dsn: str, app: str) -> str:
+    return make_conninfo(dsn, application_name=app)
+
+
+def listeners(sql: psycopg.Connection[Any], dsn: str) -> int:
+    row = sql.execute(LISTENERS_SQL, (_db(dsn),)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def db_now(sql: psycopg.Connection[Any]) -> datetime:
+    row = sql.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def wait_until_waiting(sql: psycopg.Connection[Any], dsn: str, app: str, since: datetime) -> None:
+    def waiting() -> bool:
+        row = sql.execute(WAITING_SQL, {"db": _db(dsn), "app": app, "since": since}).fetchone()
+        return row is not None and row[0] >= 1
+
+    wait_for(waiting, timeout=10, what=f"{app} to wait in its claim")
+
+
+class Waiter:
+    """``claim(wait_s=...)`` in a thread; notes when it returned."""
+
+    def __init__(self, client: batonq.Client, wait_s: float, max_tasks: int = 1) -> None:
+        self.leases: list[batonq.Lease] | None = None
+        self.returned_at = 0.0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(client, wait_s, max_tasks), daemon=True)
+        self._thread.start()
+
+    def _run(self, client: batonq.Client, wait_s: float, max_tasks: int) -> None:
+        try:
+            self.leases = client.claim(Q, wait_s=wait_s, max_tasks=max_tasks)
+        except BaseException as error:
+            self.error = error
+        self.returned_at = time.monotonic()
+
+    def result(self, timeout: float) -> list[batonq.Lease]:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the claim did not return"
+        assert self.error is None, self.error
+        assert self.leases is not None
+        return self.leases
+
+
+@contextlib.contextmanager
+def connect(dsn: str, app: str, **options: Any) -> Iterator[batonq.Client]:
+    with batonq.connect(_named(dsn, app), **options) as c:
+        yield c
+
+
+def test_sync_waiter_wakes_within_100ms_of_enqueue(
+    client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    latencies: list[float] = []
+    with connect(dsn, "sync-waiter", poll_interval_s=NO_POLL_S) as waiter_client:
+        for n in range(TRIES):
+            since = db_now(sql)
+            waiter = Waiter(waiter_client, wait_s=5)
+            wait_until_waiting(sql, dsn, "sync-waiter", since)
+            task_id = client.enqueue(Q, {"try": n}).task_id  # from this thread, committed on return
+            committed = time.monotonic()
+            assert [lease.task_id for lease in waiter.result(timeout=10)] == [task_id]
+            latencies.append(waiter.returned_at - committed)
+    assert statistics.median(latencies) < WAKE_LIMIT_S, latencies
+
+
+async def test_async_waiter_wakes_within_100ms_of_enqueue(aclient: batonq.AsyncClient, dsn: str) -> None:
+    app = "async-waiter"
+    latencies: list[float] = []
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe,
+        await batonq.connect_async(_named(dsn, app), poll_interval_s=NO_POLL_S) as waiter_client,
+    ):
+
+        async def waiting(since: datetime) -> None:
+            deadline = time.monotonic() + 10
+            while True:
+                cursor = await probe.execute(WAITING_SQL, {"db": _db(dsn), "app": app, "since": since})
+                row = await cursor.fetchone()
+                if row is not None and row[0] >= 1:
+                    return
+                assert time.monotonic() < deadline, "the async waiter never waited"
+                await asyncio.sleep(0.05)
+
+        async def claim() -> tuple[list[batonq.Lease], float]:
+            leases = await waiter_client.claim(Q, wait_s=5)
+            return leases, time.monotonic()
+
+        for n in range(TRIES):
+            cursor = await probe.execute("SELECT clock_timestamp()")
+            row = await cursor.fetchone()
+            assert row is not None
+            waiter = asyncio.create_task(claim())
+            await waiting(row[0])
+            task_id = (await aclient.enqueue(Q, {"try": n})).task_id  # another task, its own client
+            committed = time.monotonic()
+            leases, returned_at = await asyncio.wait_for(waiter, timeout=10)
+            assert [lease.task_id for lease in leases] == [task_id]
+            latencies.append(returned_at - committed)
+    assert statistics.median(latencies) < WAKE_LIMIT_S, latencies
+
+
+def test_twenty_waiters_share_one_listener_connection(
+    client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    n = 20
+    with connect(dsn, "many-waiters", poll_interval_s=NO_POLL_S) as waiter_client:
+        waiters = [Waiter(waiter_client, wait_s=20) for _ in range(n)]
+        # Every waiter is in its claim's wait once it is registered with the
+        # client's listener and that listener is connected (looked up inside
+        # the client: nothing outside can tell).
+        listener = waiter_client._listener
+        assert isinstance(listener, Listener)
+        wait_for(
+            lambda: len(listener._registry.of(Q)) == n and listener._ready.is_set(),
+            timeout=10,
+            what="20 waiters registered with a connected listener",
+        )
+        assert listeners(sql, dsn) == 1
+        row = sql.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
+            (_db(dsn), "many-waiters"),
+        ).fetchone()
+        assert row is not None and row[0] <= 1 + 10, "more connections than the pool and one listener"
+
+        enqueued = {e.task_id for e in client.enqueue_many(Q, [{"i": i} for i in range(n)])}
+        claimed = [lease.task_id for w in waiters for lease in w.result(timeout=10)]
+        assert sorted(claimed) == sorted(enqueued)
+        assert listeners(sql, dsn) == 1
+    assert wait_for(lambda: listeners(sql, dsn) == 0, timeout=5, what="the listener to close")
+
+
+def test_poll_only_mode_returns_the_task_without_listening(
+    client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    with connect(dsn, "poller", listen=False, poll_interval_s=0.2) as poller:
+        since = db_now(sql)
+        waiter = Waiter(poller, wait_s=5)
+        wait_until_waiting(sql, dsn, "poller", since)
+        assert listeners(sql, dsn) == 0
+        task_id = client.enqueue(Q, {"polled": True}).task_id
+        committed = time.monotonic()
+        assert [lease.task_id for lease in waiter.result(timeout=10)] == [task_id]
+        assert waiter.returned_at - committed < 0.2 + 0.5  # within a poll interval, give or take
+        assert listeners(sql, dsn) == 0
+
+
+def test_wait_on_an_empty_queue_returns_nothing_after_wait_s(client: batonq.Client) -> None:
+    client.enqueue(Q, "make the queue exist")
+    [lease] = client.claim(Q)
+    started = time.monotonic()
+    assert client.claim(Q, wait_s=0.5) == []
+    elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 1.2, elapsed
+    client.complete(lease.lease_token)
+
+
+async def test_async_wait_on_an_empty_queue_returns_nothing_after_wait_s(
+    aclient: batonq.AsyncClient,
+) -> None:
+    started = time.monotonic()
+    assert await aclient.claim("nobody:here", wait_s=0.5) == []
+    elapsed = time.monotonic() - started
+    assert 0.5 <= elapsed < 1.2, elapsed
+
+
+async def test_wait_s_is_at_most_55(client: batonq.Client, aclient: batonq.AsyncClient) -> None:
+    for wait_s in (56, 55.01, -1):
+        with pytest.raises(batonq.InvalidArgument, match="wait_s"):
+            client.claim(Q, wait_s=wait_s)
+        with pytest.raises(batonq.InvalidArgument, match="wait_s"):
+            await aclient.claim(Q, wait_s=wait_s)
