@@ -18,8 +18,9 @@ EXIT_CODES = """\b
 Exit codes:
   0    stopped gracefully: by SIGTERM/SIGINT (running jobs finished within
        --grace, or their leases were given back), --burst, or --max-tasks
-  1    an error (database unreachable, schema missing, ...)
+  1    an error (e.g. the schema is missing: run batonq migrate)
   2    usage error (a bad option, or a TARGET that does not load)
+  5    the database was unreachable at start
   130  a second SIGINT stopped it at once (running jobs' leases given back)
   143  a second SIGTERM stopped it at once"""
 
@@ -81,6 +82,18 @@ def _split(values: tuple[str, ...]) -> list[str]:
 )
 @click.option("--name", help="This worker's name on its claims. Default: host:pid.")
 @click.option(
+    "--sweeper/--no-sweeper",
+    default=True,
+    show_default=True,
+    help="Take part in the election of the one process that expires leases of unclaimed queues.",
+)
+@click.option(
+    "--listen/--no-listen",
+    default=True,
+    show_default=True,
+    help="Wake on LISTEN/NOTIFY; --no-listen polls every --wait (transaction-pooling PgBouncer).",
+)
+@click.option(
     "--dsn",
     metavar="URL",
     help="PostgreSQL URL. Default: batonq's --dsn, $BATONQ_DATABASE_URL, else the embedded PostgreSQL.",
@@ -101,6 +114,8 @@ def worker(
     grace_s: float,
     wait_s: float,
     name: str | None,
+    sweeper: bool,
+    listen: bool,
     dsn: str | None,
     log_format: str,
     log_level: str,
@@ -119,7 +134,7 @@ def worker(
         runner = Worker(
             app, dsn=dsn or ctx.find_root().params.get("dsn"), queues=_split(subset) or None,
             concurrency=concurrency, lease_s=lease_s, wait_s=wait_s, grace_s=grace_s,
-            max_tasks=max_tasks, burst=burst, name=name,
+            max_tasks=max_tasks, burst=burst, name=name, sweeper=sweeper, listen=listen,
         )  # fmt: skip
     except (ImportError, ValueError, TypeError) as error:
         raise click.UsageError(str(error), ctx) from error

@@ -101,6 +101,8 @@ class Execution:
         produced: Produced
         try:
             await run_before(self._middleware, self.job)
+            if self.phase == "released":  # shut down while before_job ran
+                return
             self._handler = self._call_handler()
             await asyncio.wait([self._handler])
         except asyncio.CancelledError:

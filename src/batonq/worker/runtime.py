@@ -56,7 +56,10 @@ class Worker:
     - ``max_tasks``: stop after claiming this many; ``burst``: stop when no
       task is claimable and none is running;
     - ``dsn`` or ``client``: where to work; without a client the worker opens
-      its own (with a sweeper that recovers expired leases).
+      its own, with a ``sweeper`` (leader-elected: one per database does the
+      work) that recovers expired leases in queues nobody claims from;
+    - ``listen``: wake on LISTEN/NOTIFY (False: poll every ``wait_s``, e.g.
+      behind a transaction-pooling PgBouncer).
 
     ``run()`` returns an exit code: 0 graceful, 128 + N after a second
     signal N (130 for SIGINT, 143 for SIGTERM), 1 after ``stop(force=True)``.
@@ -79,6 +82,7 @@ class Worker:
         burst: bool = False,
         name: str | None = None,
         listen: bool = True,
+        sweeper: bool = True,
         handle_signals: bool = True,
     ) -> None:
         self.app = app
@@ -105,6 +109,7 @@ class Worker:
         self.burst = burst
         self.name = name
         self.listen = listen
+        self.sweeper = sweeper
         self.handle_signals = handle_signals
         self.claimed = 0
         self.finished = 0
@@ -185,7 +190,7 @@ class Worker:
             if client is None:
                 dsn = await asyncio.to_thread(resolve_dsn, self.dsn)
                 client = AsyncClient(dsn, max_connections=min(self.concurrency, 20) + 2, listen=False,
-                                     sweeper=True, worker_name=self.name)  # fmt: skip
+                                     sweeper=self.sweeper, worker_name=self.name)  # fmt: skip
                 await client.open()
                 stack.push_async_callback(client.close)
             self._client = client
