@@ -194,8 +194,11 @@ BEGIN
               FROM unnest(p_payloads, v_ids, p_idempotency_keys, p_priorities, p_delays_s)
                    WITH ORDINALITY AS i(body, id, key, priority, delay_s, ord)
         ), taken AS (
+            -- In key order, so two batches with overlapping keys wait on each
+            -- other in the same order and cannot deadlock.
             INSERT INTO batonq.idempotency_keys (queue, key, task_id)
             SELECT p_queue, i.key, i.id FROM input i WHERE i.key IS NOT NULL AND i.nth = 1
+             ORDER BY i.key
             ON CONFLICT (queue, key) DO NOTHING
             RETURNING task_id
         )
