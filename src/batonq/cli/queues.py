@@ -1,0 +1,148 @@
+"""Queues: ``batonq queues`` (depth per state) and ``batonq queue
+configure|pause|resume``."""
+
+from __future__ import annotations
+
+import click
+
+from batonq.cli.common import json_option, open_client
+from batonq.cli.output import echo_json, format_age, print_table
+from batonq.models import QueueConfig
+
+__all__ = ["queue", "queues"]
+
+_COUNTS = ("pending", "scheduled", "leased", "held", "waiting", "done", "dead", "cancelled")
+
+
+@click.command()
+@json_option
+@click.pass_context
+def queues(ctx: click.Context, as_json: bool) -> None:
+    """Show every queue: tasks per state and the oldest pending task's age.
+
+    pending counts tasks claimable now; scheduled, those whose delay or retry
+    time is still ahead.
+
+    \b
+    Example:
+      batonq queues
+    """
+    with open_client(ctx) as client:
+        stats = client.queues()
+    if as_json:
+        for item in stats:
+            echo_json(item)
+        return
+    rows = [
+        [
+            s.queue,
+            "yes" if s.paused else "",
+            *(str(getattr(s, name)) for name in _COUNTS),
+            format_age(s.oldest_pending_age_s),
+        ]
+        for s in stats
+    ]
+    print_table(
+        ["queue", "paused", *_COUNTS, "oldest pending"], rows, right=frozenset([*_COUNTS, "oldest pending"])
+    )
+
+
+def _echo_config(config: QueueConfig, as_json: bool) -> None:
+    if as_json:
+        echo_json(config)
+        return
+    click.echo(
+        f"{config.name}: {'paused' if config.paused else 'running'}, lease {config.lease_s}s,"
+        f" max attempts {config.max_attempts}, backoff {config.backoff_base_s:g}s..{config.backoff_max_s:g}s,"
+        f" retention {config.retention_s}s, max body {config.max_body_bytes} bytes"
+    )
+
+
+@click.group()
+def queue() -> None:
+    """Change a queue's settings, or pause and resume it.
+
+    \b
+    Example:
+      batonq queue pause shards
+    """
+
+
+@queue.command()
+@click.argument("name")
+@click.option(
+    "--lease", "lease_s", type=int, metavar="SECONDS", help="Default lease seconds for claims (1-3600)."
+)
+@click.option("--max-attempts", type=int, metavar="N", help="Attempts before a task is dead.")
+@click.option(
+    "--backoff-base",
+    "backoff_base_s",
+    type=float,
+    metavar="SECONDS",
+    help="First retry delay, seconds; doubles.",
+)
+@click.option(
+    "--backoff-max", "backoff_max_s", type=float, metavar="SECONDS", help="Longest retry delay, seconds."
+)
+@click.option(
+    "--retention", "retention_s", type=int, metavar="SECONDS", help="Keep finished tasks this many seconds."
+)
+@click.option(
+    "--max-body-bytes", type=int, metavar="BYTES", help="Largest payload, result or error, in bytes."
+)
+@json_option
+@click.pass_context
+def configure(
+    ctx: click.Context,
+    name: str,
+    lease_s: int | None,
+    max_attempts: int | None,
+    backoff_base_s: float | None,
+    backoff_max_s: float | None,
+    retention_s: int | None,
+    max_body_bytes: int | None,
+    as_json: bool,
+) -> None:
+    """Create a queue or change its settings; print them. Unset options keep
+    their value.
+
+    \b
+    Example:
+      batonq queue configure shards --lease 900 --max-attempts 5
+    """
+    with open_client(ctx) as client:
+        config = client.configure_queue(
+            name, lease_s=lease_s, max_attempts=max_attempts, backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s, retention_s=retention_s, max_body_bytes=max_body_bytes,
+        )  # fmt: skip
+    _echo_config(config, as_json)
+
+
+@queue.command()
+@click.argument("name")
+@json_option
+@click.pass_context
+def pause(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Stop handing out the queue's tasks (enqueue still works).
+
+    \b
+    Example:
+      batonq queue pause shards
+    """
+    with open_client(ctx) as client:
+        _echo_config(client.pause(name), as_json)
+
+
+@queue.command()
+@click.argument("name")
+@json_option
+@click.pass_context
+def resume(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Hand out the queue's tasks again.
+
+    \b
+    Example:
+      batonq queue resume shards
+    """
+    with open_client(ctx) as client:
+        _echo_config(client.resume(name), as_json)
