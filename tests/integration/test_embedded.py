@@ -22,16 +22,21 @@ with batonq.connect() as client:
 
 def test_embedded_default_runs_and_keeps_data(tmp_path: Path) -> None:
     env = {"BATONQ_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120
-    )
+    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1", "done", "True"]
     assert (tmp_path / "pgdata" / "PG_VERSION").exists()
 
     again = subprocess.run(
-        [sys.executable, "-c", "import batonq\nwith batonq.connect() as c: print(c.enqueue('hello', 2, key='k').created)"],
-        env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import batonq\nwith batonq.connect() as c: print(c.enqueue('hello', 2, key='k').created)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "False"

@@ -215,7 +215,7 @@ def test_operator_retry_of_dead_task(admin: batonq.Client, client: batonq.Client
     assert stale.replayed and stale.state == "dead"
     client.complete(again.lease_token, "ok")
     assert client.task(t.task_id).result == "ok"
-    with pytest.raises(batonq.InvalidState, match="only dead or cancelled"):
+    with pytest.raises(batonq.InvalidState, match="cannot retry task .*: it is done, not dead or cancelled"):
         admin.retry(t.task_id)
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import psycopg
 import pytest
+from tests.conftest import age
 
 import batonq
-from tests.conftest import age
 
 
 def drain(client: batonq.Client, queue: str, handler: Any, *, batch: int = 50) -> int:
@@ -27,7 +28,9 @@ def test_three_step_pipeline_exactly_once(
     admin.add_edge("retrieve", "rank", map="/docs")
     admin.add_edge("rank", "summarise")
     runs = 500
-    roots = client.enqueue_many("retrieve", [{"q": i} for i in range(runs)], keys=[f"run-{i}" for i in range(runs)])
+    roots = client.enqueue_many(
+        "retrieve", [{"q": i} for i in range(runs)], keys=[f"run-{i}" for i in range(runs)]
+    )
     rng = random.Random(7)
     died: set[int] = set()
 
@@ -155,7 +158,9 @@ def test_when_routes_each_result_down_one_branch(admin: batonq.Client, client: b
 def test_cycle_refused_with_the_cycle_named(admin: batonq.Client) -> None:
     admin.add_edge("a", "b")
     admin.add_edge("b", "c")
-    with pytest.raises(batonq.GraphCycle, match="a -> b -> c -> a|c -> a -> b -> c") as refused:
+    with pytest.raises(
+        batonq.GraphCycle, match=re.escape("edge c -> a would close a cycle: c -> a -> b -> c")
+    ) as refused:
         admin.add_edge("c", "a")
     assert refused.value.detail["cycle"][0] == "c"
     with pytest.raises(batonq.GraphCycle):
@@ -177,8 +182,9 @@ def test_removing_an_edge_stops_new_batons_only(admin: batonq.Client, client: ba
     assert lease.task_id == in_flight.id and lease.payload == "x"
 
 
-def test_edge_priority_and_delay(admin: batonq.Client, client: batonq.Client,
-                                 sql: psycopg.Connection[Any]) -> None:
+def test_edge_priority_and_delay(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
     admin.add_edge("a", "b")
     admin.add_edge("a", "c", priority=9, delay_s=60)
     client.enqueue("a", 1, priority=4)

@@ -116,7 +116,7 @@ BEGIN
         RAISE EXCEPTION 'task % not found', p_task_id
             USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_task_id)::text;
     END IF;
-    RAISE EXCEPTION 'cannot % task %: it is %, and only % tasks can be', p_action, p_task_id, p_state, p_allowed
+    RAISE EXCEPTION 'cannot % task %: it is %, not %', p_action, p_task_id, p_state, p_allowed
         USING ERRCODE = 'BQ007',
               DETAIL = jsonb_build_object('task_id', p_task_id, 'state', p_state)::text;
 END $$;
