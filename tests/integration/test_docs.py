@@ -4,20 +4,44 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def python_blocks(page: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(encoding="utf-8"), re.DOTALL)
+    return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.DOTALL)
 
 
-@pytest.mark.parametrize("page", ["graph.md"])
-def test_examples_run(page: str, admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("page", ["README.md", "docs/graph.md"])
+def test_examples_run(
+    page: str, admin_dsn: str, sql: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each page's python blocks run in order, in one namespace, as written."""
     monkeypatch.setenv("BATONQ_DATABASE_URL", admin_dsn)
+    sql.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
     blocks = python_blocks(page)
     assert blocks, f"{page} has no python example"
-    for block in blocks:
-        exec(compile(block, f"{page}:example", "exec"), {})
+    namespace: dict[str, Any] = {}
+    for number, block in enumerate(blocks, 1):
+        exec(compile(block, f"{page}:example {number}", "exec"), namespace)
+
+
+def test_readme_examples_did_what_they_say(
+    admin_dsn: str, sql: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BATONQ_DATABASE_URL", admin_dsn)
+    sql.execute("CREATE TABLE orders (id integer PRIMARY KEY)")
+    namespace: dict[str, Any] = {}
+    for block in python_blocks("README.md"):
+        exec(compile(block, "README.md:example", "exec"), namespace)
+    assert sql.execute("SELECT id FROM orders").fetchall() == [(17,)]
+    states = sql.execute(
+        """SELECT state, result FROM batonq.archive WHERE queue = 'shop:tasks'
+           UNION ALL SELECT state, NULL FROM batonq.tasks WHERE queue = 'shop:tasks' ORDER BY 1"""
+    ).fetchall()
+    assert states == [("done", {"shipped": True}), ("pending", None)]
+    assert "ship" in namespace and "app" in namespace
