@@ -1,0 +1,164 @@
+"""Reaching batonq's MCP server the way agents do: the SDK's own client, over
+stdio (a ``batonq mcp`` process per session) or streamable HTTP (a real
+``batonq serve`` process)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import httpx2
+import psycopg
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, TextContent
+from tests.waiting import wait_for
+
+BATONQ = str(Path(sys.executable).parent / "batonq")
+WRITE_TOOLS = {"batonq_enqueue", "batonq_claim", "batonq_heartbeat", "batonq_complete", "batonq_fail"}
+READ_TOOLS = {"batonq_tasks", "batonq_queues"}
+
+
+@contextlib.asynccontextmanager
+async def stdio_session(dsn: str, *args: str) -> AsyncIterator[ClientSession]:
+    """A session with its own ``batonq --dsn DSN mcp ARGS`` process."""
+    params = StdioServerParameters(command=BATONQ, args=["--dsn", dsn, "mcp", *args])
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@contextlib.asynccontextmanager
+async def http_session(url: str, key: str | None) -> AsyncIterator[ClientSession]:
+    """A session over streamable HTTP, presenting ``key`` as a Bearer key."""
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def text(result: CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+
+
+async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    """Call a tool that must succeed; its structured reply."""
+    result = await session.call_tool(tool, arguments)
+    assert not result.is_error, f"{tool} failed: {text(result)}"
+    assert result.structured_content is not None
+    # The text copy is the same JSON: nothing spliced into prose.
+    assert json.loads(text(result)) == result.structured_content
+    return result.structured_content
+
+
+async def refused(session: ClientSession, tool: str, **arguments: Any) -> str:
+    """Call a tool that must fail; its error text."""
+    result = await session.call_tool(tool, arguments)
+    assert result.is_error, f"{tool} should have failed: {result.structured_content}"
+    return text(result)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_key(dsn: str, ring: int, queues: str = "*") -> str:
+    """``batonq keys create``: the key on stdout."""
+    made = subprocess.run(
+        [BATONQ, "--dsn", dsn, "keys", "create", "--ring", str(ring), "--queues", queues],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return made.stdout.strip()
+
+
+@dataclass
+class Service:
+    """A ``batonq serve`` process on a free port; ``admin_key`` is the first
+    key it printed on stderr."""
+
+    dsn: str
+    log: IO[str]
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    admin_key: str = ""
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/mcp"
+
+    def start(self) -> Service:
+        self.proc = subprocess.Popen(
+            [BATONQ, "--dsn", self.dsn, "serve", "--port", str(self.port), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL, stderr=self.log,
+        )  # fmt: skip
+        self.admin_key = wait_for(self._printed_key, timeout=60, what="the first admin key on stderr")
+        wait_for(self._healthy, timeout=60, what="batonq serve answering /healthz")
+        return self
+
+    def _printed_key(self) -> str | None:
+        assert self.proc is not None
+        assert self.proc.poll() is None, Path(self.log.name).read_text()
+        found = re.search(r"bq_[0-9]+_[0-9a-f]{64}", Path(self.log.name).read_text())
+        return found[0] if found else None
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.base}/healthz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextlib.contextmanager
+def running_service(dsn: str, log_path: Path) -> Iterator[Service]:
+    with log_path.open("w") as log:
+        service = Service(dsn, log)
+        try:
+            yield service.start()
+        finally:
+            service.stop()
+
+
+def counts_in_database(sql: psycopg.Connection[Any], queue: str) -> dict[str, int]:
+    """Tasks per state, straight from the tables; claimable and scheduled
+    pending tasks apart, as batonq_tasks reports them."""
+    rows = sql.execute(
+        """SELECT CASE WHEN state = 'pending' AND run_at > now() THEN 'scheduled' ELSE state END, count(*)
+             FROM batonq.tasks WHERE queue = %(q)s GROUP BY 1
+           UNION ALL
+           SELECT state, count(*) FROM batonq.archive WHERE queue = %(q)s GROUP BY 1""",
+        {"q": queue},
+    ).fetchall()
+    counts = dict.fromkeys(
+        ("waiting", "held", "pending", "scheduled", "leased", "done", "dead", "cancelled"), 0
+    )
+    counts.update({state: int(n) for state, n in rows})
+    return counts
