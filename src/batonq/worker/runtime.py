@@ -206,8 +206,9 @@ class Worker:
                      ", ".join(self.queues), self.concurrency, extra=self._fields)  # fmt: skip
             try:
                 await self._dispatch(client)
-            except BaseException:
-                log.exception("worker stopping after an error", extra=self._fields)
+            except BaseException as error:
+                if not isinstance(error, asyncio.CancelledError):
+                    log.exception("worker stopping after an error", extra=self._fields)
                 self._request_stop(True)
                 await self._drain()
                 raise
