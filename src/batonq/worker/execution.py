@@ -103,8 +103,9 @@ class Execution:
             await run_before(self._middleware, self.job)
             if self.phase == "released":  # shut down while before_job ran
                 return
-            self._handler = self._call_handler()
-            await asyncio.wait([self._handler])
+            if self.lost is None:  # else: lost while before_job ran; do not start
+                self._handler = self._call_handler()
+                await asyncio.wait([self._handler])
         except asyncio.CancelledError:
             if self._handler is not None:
                 self._handler.cancel()
@@ -112,7 +113,7 @@ class Execution:
         except Exception as error:  # from before_job: the job fails as if its handler raised
             produced = error
         else:
-            produced = self._produced(self._handler)
+            produced = _CANCELLED if self._handler is None else self._produced(self._handler)
         finally:
             self._heartbeat.cancel()
         if self.phase == "released":
