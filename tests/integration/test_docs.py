@@ -44,4 +44,12 @@ def test_readme_examples_did_what_they_say(
            UNION ALL SELECT state, NULL FROM batonq.tasks WHERE queue = 'shop:tasks' ORDER BY 1"""
     ).fetchall()
     assert states == [("done", {"shipped": True}), ("pending", None)]
-    assert "ship" in namespace and "app" in namespace
+    assert "send_welcome" in namespace and "app" in namespace
+
+
+def test_readme_worker_is_the_tested_example() -> None:
+    """The worker in the README is examples/worker_quickstart.py, which the
+    worker tests run end to end."""
+    example = (ROOT / "examples" / "worker_quickstart.py").read_text(encoding="utf-8")
+    code = example.split('"""', 2)[2].lstrip("\n")
+    assert code in python_blocks("README.md")
