@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,6 +37,20 @@ async def _hide_write_tools(ctx: ServerRequestContext[Any, Any], call_next: Call
     return result
 
 
+@contextlib.contextmanager
+def _root_logging_untouched() -> Iterator[None]:
+    """MCPServer() calls logging.basicConfig; a library must leave the root
+    logger to the application (uvicorn's, the test runner's), so give
+    basicConfig a handler to find meanwhile, which makes it do nothing."""
+    root = logging.getLogger()
+    placeholder = logging.NullHandler()
+    root.addHandler(placeholder)
+    try:
+        yield
+    finally:
+        root.removeHandler(placeholder)
+
+
 def build_server(fixed: Access | None = None) -> MCPServer[Any]:
     """batonq's MCP server. ``fixed``: every caller's access (stdio); without
     it, each HTTP request brings its own (see ``batonq.mcp.http``)."""
@@ -45,16 +61,16 @@ def build_server(fixed: Access | None = None) -> MCPServer[Any]:
         async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Access]:
             yield fixed
 
-    server: MCPServer[Any] = MCPServer(
-        "batonq",
-        title="batonq task queue",
-        description="Claim tasks under leases, complete them with results, enqueue new ones.",
-        instructions=INSTRUCTIONS,
-        version=batonq.__version__,
-        lifespan=lifespan,
-        middleware=[_hide_write_tools],
-        log_level="WARNING",
-    )
+    with _root_logging_untouched():
+        server: MCPServer[Any] = MCPServer(
+            "batonq",
+            title="batonq task queue",
+            description="Claim tasks under leases, complete them with results, enqueue new ones.",
+            instructions=INSTRUCTIONS,
+            version=batonq.__version__,
+            lifespan=lifespan,
+            middleware=[_hide_write_tools],
+        )
     for name, spec in TOOLS.items():
         server.add_tool(
             spec.fn, name=name, title=spec.title, description=spec.description,
