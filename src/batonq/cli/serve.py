@@ -19,10 +19,20 @@ __all__ = ["serve"]
     type=click.IntRange(1024),
     help="Refuse larger request bodies with 413.",
 )
+@click.option(
+    "--keepalive",
+    "keepalive_s",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 300),
+    help="Seconds between keep-alive comments on an idle /v1/stream.",
+)
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 @click.pass_context
-def serve(ctx: click.Context, host: str, port: int, max_body_bytes: int, log_level: str) -> None:
+def serve(
+    ctx: click.Context, host: str, port: int, max_body_bytes: int, keepalive_s: float, log_level: str
+) -> None:
     """Run the HTTP API (/v1), with a sweeper, on the embedded database by default.
 
     On its first start (no API key yet) it prints an admin key, once.
@@ -47,4 +57,5 @@ def serve(ctx: click.Context, host: str, port: int, max_body_bytes: int, log_lev
             "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
             err=True,
         )
-    uvicorn.run(create_app(dsn, max_body_bytes=max_body_bytes), host=host, port=port, log_level=log_level)
+    app = create_app(dsn, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

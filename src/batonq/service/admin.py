@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 
 from batonq.client import AsyncClient
 from batonq.service import schemas as s
 from batonq.service.auth import ADMIN, OPERATOR, Principal, require
-from batonq.service.problems import ApiError
-from batonq.service.reads import visible_task
+from batonq.service.problems import ERROR_RESPONSES, ApiError
+from batonq.service.reads import TaskId, visible_task
 
-router = APIRouter(prefix="/v1", tags=["operate"])
+router = APIRouter(prefix="/v1", tags=["operate"], responses=ERROR_RESPONSES)
 Operator = Annotated[Principal, Depends(require(OPERATOR))]
 Admin = Annotated[Principal, Depends(require(ADMIN))]
+KeyId = Annotated[int, Path(ge=1, le=s.MAX_ID)]
+QueuePath = Annotated[str, Path(pattern=s.QUEUE_PATTERN, examples=["shop:tasks"])]
 
 
 def _client(request: Request) -> AsyncClient:
@@ -27,7 +29,7 @@ def _client(request: Request) -> AsyncClient:
 )
 async def act(
     request: Request,
-    task_id: str,
+    task_id: TaskId,
     action: Literal["retry", "cancel", "hold", "release"],
     principal: Operator,
 ) -> s.TaskOut:
@@ -48,7 +50,7 @@ async def act(
     "/queues/{queue}", response_model=s.QueueSettingsOut, summary="Create a queue or change its settings"
 )
 async def configure(
-    request: Request, queue: str, body: s.QueueSettingsIn, principal: Admin
+    request: Request, queue: QueuePath, body: s.QueueSettingsIn, principal: Admin
 ) -> s.QueueSettingsOut:
     """Fields left out keep their value. `paused: true` stops claims (enqueue still works)."""
     principal.check_queue(queue)
@@ -69,7 +71,7 @@ async def add_edge(request: Request, body: s.EdgeIn, principal: Admin) -> s.Edge
 
 
 @router.delete("/graph/edges/{from_queue}/{to_queue}", status_code=204, summary="Remove an edge")
-async def remove_edge(request: Request, from_queue: str, to_queue: str, principal: Admin) -> None:
+async def remove_edge(request: Request, from_queue: QueuePath, to_queue: QueuePath, principal: Admin) -> None:
     """No new batons along it; tasks already handed on go on. 404 if there is no such edge."""
     principal.check_queue(from_queue)
     if not await _client(request).remove_edge(from_queue, to_queue):
@@ -90,6 +92,6 @@ async def create_key(request: Request, body: s.KeyIn, principal: Admin) -> s.New
 
 
 @router.delete("/keys/{key_id}", response_model=s.KeyOut, summary="Revoke an API key")
-async def revoke_key(request: Request, key_id: int, principal: Admin) -> s.KeyOut:
+async def revoke_key(request: Request, key_id: KeyId, principal: Admin) -> s.KeyOut:
     revoked = await _client(request).revoke_key(key_id)
     return s.KeyOut.model_validate(revoked, from_attributes=True)

@@ -25,13 +25,13 @@ __all__ = ["create_app"]
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class Limits:
     """Refuse request bodies over ``max_body_bytes`` with 413 before they
-    are parsed, read /v1 bodies as JSON, and time every request for /metrics."""
+    are parsed, read /v1 bodies as JSON, and time every request for /metrics.
+
+    A declared Content-Length over the limit is refused before a byte of the
+    body is read; a chunked body is read up to the limit, then refused. The
+    body is read here whole and handed on, so the app never sees a part."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: Metrics) -> None:
         self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
@@ -42,47 +42,70 @@ class Limits:
             return
         started = time.perf_counter()
         status = 500
-        headers = dict(scope.get("headers") or [])
-        if scope["path"].startswith("/v1/") and not headers.get(b"content-type", b"").startswith(
-            b"application/json"
-        ):
-            # /v1 speaks JSON only: read a body as JSON whatever it is labelled
-            # (curl -d sends form encoding by default).
-            headers[b"content-type"] = b"application/json"
-            scope = {**scope, "headers": list(headers.items())}
-        declared = headers.get(b"content-length", b"").decode() or "0"
-        if not declared.isdigit() or int(declared) > self.max_body_bytes:
-            await self._refuse(send)
-            return
-        seen = 0
-        response_started = False
-
-        async def counted_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_body_bytes:
-                    raise _TooLarge
-            return message
 
         async def watched_send(message: Message) -> None:
-            nonlocal status, response_started
+            nonlocal status
             if message["type"] == "http.response.start":
-                status, response_started = message["status"], True
+                status = message["status"]
             await send(message)
 
         try:
-            await self.app(scope, counted_receive, watched_send)
-        except _TooLarge:
-            if not response_started:
-                status = 413
-                await self._refuse(send)
+            scope = self._as_json(scope)
+            body = await self._read_body(scope, receive)
+            if body is None:
+                await self._refuse(watched_send)
+                return
+            await self.app(scope, self._replay(body, receive), watched_send)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.latency.labels(scope["method"], route, str(status)).observe(
                 time.perf_counter() - started
             )
+
+    @staticmethod
+    def _as_json(scope: Scope) -> Scope:
+        """/v1 speaks JSON only: read a body as JSON whatever it is labelled
+        (curl -d sends form encoding by default)."""
+        if not scope["path"].startswith("/v1/"):
+            return scope
+        headers = [(k, v) for k, v in scope.get("headers") or [] if k != b"content-type"]
+        return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body, or None when it is over the limit."""
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            return None
+        if declared is None and b"chunked" not in headers.get(b"transfer-encoding", b"").lower():
+            return b""
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away; the app will see it too
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_body_bytes:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    @staticmethod
+    def _replay(body: bytes, receive: Receive) -> Receive:
+        sent = False
+
+        async def replayed() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: http.disconnect, when it comes
+
+        return replayed
 
     async def _refuse(self, send: Send) -> None:
         body = json.dumps(

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from batonq import errors
+from batonq.service.schemas import ErrorOut
 
-__all__ = ["ApiError", "install"]
+__all__ = ["ERROR_RESPONSES", "ApiError", "body", "install"]
 
 STATUS: dict[type[errors.BatonqError], int] = {
     errors.InvalidQueueName: 400,
@@ -54,26 +58,138 @@ def _detail(error: errors.BatonqError) -> dict[str, Any]:
     return detail
 
 
+_QUEUE_FIELDS = frozenset({"queue", "from_queue", "to_queue"})
+_UNPARSABLE = "There was an error parsing the body"
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": description}
+    for status, description in (
+        (400, "invalid_json, invalid_queue_name, invalid_token, invalid_argument"),
+        (401, "unauthorized: no key, or an unknown or revoked one"),
+        (403, "forbidden: the key's ring or queue scopes do not allow this"),
+        (404, "task_not_found and the like (a task outside the key's scopes does not exist)"),
+        (409, "lease_lost, invalid_state or graph_cycle"),
+        (413, "request_too_large (the whole body) or payload_too_large (a payload, result or error)"),
+        (422, "invalid_request: the body or a parameter does not match the schema"),
+    )
+}
+"""The error answers every /v1 operation may give, for /openapi.json."""
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    """``queue`` for a body field, ``query.limit`` for a parameter; drops the
+    union tags pydantic puts in a location (``EnqueueIn``, ``list[EnqueueIn]``)."""
+    kept = [p for p in loc if not (isinstance(p, str) and (p == "body" or p[:1].isupper() or "[" in p))]
+    return ".".join(str(p) for p in kept)
+
+
+def _relevant(error: RequestValidationError) -> list[dict[str, Any]]:
+    """The errors of the branch the body took: an object is checked as one
+    task, a list as many (pydantic reports both branches of the union)."""
+    found = [dict(e) for e in error.errors()]
+
+    def is_list_branch(e: dict[str, Any]) -> bool:
+        loc = e.get("loc", ())
+        return len(loc) > 1 and loc[0] == "body" and isinstance(loc[1], str) and loc[1].startswith("list[")
+
+    if not any(is_list_branch(e) for e in found):
+        return found
+    wanted = [e for e in found if is_list_branch(e) == isinstance(error.body, list)]
+    return wanted or found
+
+
+def _is_bad_queue_name(e: dict[str, Any]) -> bool:
+    loc = e.get("loc", ())
+    return e.get("type") == "string_pattern_mismatch" and bool(loc) and loc[-1] in _QUEUE_FIELDS
+
+
+async def _api_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, ApiError)
+    return JSONResponse(body(error.code, error.message, **error.extra), error.status, error.headers)
+
+
+async def _batonq_error(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, errors.BatonqError)
+    return JSONResponse(body(error.code, error.message, **_detail(error)), _status_of(error))
+
+
+async def _invalid(_: Request, error: Exception) -> JSONResponse:
+    """Malformed JSON is 400 invalid_json, a bad queue name 400
+    invalid_queue_name (as from the engine), anything else 422."""
+    assert isinstance(error, RequestValidationError)
+    found = _relevant(error)
+    for e in found:
+        if e.get("type") == "json_invalid":
+            reason = (e.get("ctx") or {}).get("error", "")
+            return JSONResponse(body("invalid_json", f"the body is not valid JSON: {reason}"), 400)
+    problems = [{"at": _where(tuple(e.get("loc", ()))), "problem": e.get("msg")} for e in found]
+    for e in found:
+        if _is_bad_queue_name(e):
+            name = e.get("input")
+            message = (
+                f"invalid queue name {name!r}: use 1-128 characters from a-z 0-9 _ . : - "
+                "starting with a letter or digit"
+            )
+            return JSONResponse(body("invalid_queue_name", message, queue=name, problems=problems), 400)
+    first = problems[0] if problems else {"at": "", "problem": "invalid request"}
+    message = f"{first['at']}: {first['problem']}" if first["at"] else str(first["problem"])
+    return JSONResponse(body("invalid_request", message, problems=problems), 422)
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _methods(request: Request) -> list[str]:
+    """The methods some route takes at this path."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes)
+    ]
+
+
+async def _http_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, HTTPException)
+    if error.status_code == 400 and error.detail == _UNPARSABLE:
+        return JSONResponse(body("invalid_json", "the body is not valid JSON (nor UTF-8)"), 400)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        # Starlette names only the first matching route's methods; a path may have several routes.
+        headers["Allow"] = ", ".join(_methods(request))
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
+    return JSONResponse(body(code, str(error.detail)), error.status_code, headers)
+
+
+async def _bad_value(_: Request, error: Exception) -> JSONResponse:
+    """A value PostgreSQL cannot store: a NUL character in text, \\u0000 in
+    JSON, a number out of range."""
+    assert isinstance(error, psycopg.DataError)
+    message = error.diag.message_primary or str(error)
+    return JSONResponse(body("invalid_argument", f"the database refused a value: {message}"), 400)
+
+
+async def _bad_text(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, UnicodeEncodeError)
+    return JSONResponse(body("invalid_argument", f"text that is not valid Unicode: {error.reason}"), 400)
+
+
+async def _unavailable(_: Request, error: Exception) -> JSONResponse:
+    return JSONResponse(body("unavailable", "the database is unavailable; try again"), 503)
+
+
+async def _crashed(_: Request, error: Exception) -> JSONResponse:
+    # Starlette logs the exception as well; the client gets the usual shape.
+    return JSONResponse(body("internal_error", "internal server error"), 500)
+
+
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(body(error.code, error.message, **error.extra), error.status, error.headers)
-
-    @app.exception_handler(errors.BatonqError)
-    async def batonq_error(_: Request, error: errors.BatonqError) -> JSONResponse:
-        return JSONResponse(body(error.code, error.message, **_detail(error)), _status_of(error))
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
-        problems = [
-            {"at": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "problem": e.get("msg")}
-            for e in error.errors()
-        ]
-        first = problems[0] if problems else {"at": "", "problem": "invalid request"}
-        message = f"{first['at']}: {first['problem']}" if first["at"] else str(first["problem"])
-        return JSONResponse(body("invalid_request", message, problems=problems), 422)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code, "http_error")
-        return JSONResponse(body(code, str(error.detail)), error.status_code, error.headers)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(errors.BatonqError, _batonq_error)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(psycopg.DataError, _bad_value)
+    app.add_exception_handler(UnicodeEncodeError, _bad_text)
+    app.add_exception_handler(psycopg.OperationalError, _unavailable)
+    app.add_exception_handler(PoolTimeout, _unavailable)
+    app.add_exception_handler(Exception, _crashed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
 from batonq import operations
 from batonq.client import AsyncClient
@@ -12,10 +12,12 @@ from batonq.errors import InvalidArgument, TaskNotFound
 from batonq.models import Task
 from batonq.service import schemas as s
 from batonq.service.auth import OBSERVER, Principal, require
+from batonq.service.problems import ERROR_RESPONSES
 
-router = APIRouter(prefix="/v1", tags=["read"])
+router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES)
 Observer = Annotated[Principal, Depends(require(OBSERVER))]
 LINEAGE_LIMIT = 200
+TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 
 
 def _client(request: Request) -> AsyncClient:
@@ -24,10 +26,15 @@ def _client(request: Request) -> AsyncClient:
 
 
 async def visible_task(client: AsyncClient, principal: Principal, task_id: str) -> Task:
-    """The task, if the key covers its queue; otherwise it does not exist (404)."""
-    task = await client.task(task_id)
-    if not principal.covers(task.queue):
-        raise TaskNotFound(f"task {task_id} not found", task_id=task.id)
+    """The task, if the key covers its queue; otherwise it does not exist:
+    the same 404, word for word, as for an id nobody has."""
+    ref = operations.task_id(task_id)
+    try:
+        task = await client.task(ref)
+    except TaskNotFound:
+        task = None
+    if task is None or not principal.covers(task.queue):
+        raise TaskNotFound(f"task t_{ref} not found", task_id=ref)
     return task
 
 
@@ -49,10 +56,12 @@ async def queues(request: Request, principal: Observer) -> s.QueuesOut:
 async def tasks(
     request: Request,
     principal: Observer,
-    queue: Annotated[str, Query(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,127}$")],
+    queue: Annotated[str, Query(pattern=s.QUEUE_PATTERN)],
     state: s.State | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: Annotated[
+        str | None, Query(pattern=s.TASK_ID_PATTERN, description="next_cursor of the previous page")
+    ] = None,
 ) -> s.TaskListOut:
     principal.check_queue(queue)
     before = None
@@ -67,7 +76,7 @@ async def tasks(
 
 
 @router.get("/tasks/{task_id}", response_model=s.TaskDetailOut, summary="One task, with attempts and lineage")
-async def task(request: Request, task_id: str, principal: Observer) -> s.TaskDetailOut:
+async def task(request: Request, task_id: TaskId, principal: Observer) -> s.TaskDetailOut:
     client = _client(request)
     found = await visible_task(client, principal, task_id)
     run = await client.run_status(found.root_id)
@@ -80,7 +89,7 @@ async def task(request: Request, task_id: str, principal: Observer) -> s.TaskDet
 
 
 @router.get("/runs/{root_id}", response_model=s.RunOut, summary="A run's status, derived from its tasks")
-async def run(request: Request, root_id: str, principal: Observer) -> s.RunOut:
+async def run(request: Request, root_id: TaskId, principal: Observer) -> s.RunOut:
     client = _client(request)
     root = await visible_task(client, principal, root_id)
     return s.RunOut.of(await client.run_status(root.root_id))

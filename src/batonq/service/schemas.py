@@ -3,18 +3,45 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from batonq import models
 
-TaskRef = int | str
+
+def _integral(value: Any) -> Any:
+    """JSON Schema counts 177.0 as an integer; so does the API."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+MAX_ID = 2**53
+"""The largest id taken as a JSON number (beyond it a double cannot hold it);
+the string forms take any."""
+TASK_ID_PATTERN = r"^(t_)?[0-9]{1,18}$"
+"""A task id as the API takes it: ``t_5521`` or ``5521``."""
+
+# Integer fields of request bodies (strict otherwise). The bounds come before
+# the validator, or pydantic writes them into /openapi.json as unknown words.
+_Integral = BeforeValidator(_integral)
+TaskNumber = Annotated[int, Field(ge=0, le=MAX_ID), _Integral]
+LeaseS = Annotated[int, Field(ge=1, le=3600), _Integral]
+Attempts = Annotated[int, Field(ge=1, le=1000), _Integral]
+Priority = Annotated[int, Field(ge=-(2**31), lt=2**31), _Integral]
+MaxTasks = Annotated[int, Field(ge=1, le=1000), _Integral]
+RetentionS = Annotated[int, Field(ge=0, lt=2**31), _Integral]
+BodyBytes = Annotated[int, Field(ge=1, le=104857600), _Integral]
+Ring = Annotated[int, Field(ge=0, le=3), _Integral]
+
+TaskRef = TaskNumber | Annotated[str, Field(pattern=TASK_ID_PATTERN)]
 """A task id, as ``t_5521`` or ``5521``."""
+MAX_DELAY_S = 315360000
+"""Ten years: the longest delay or backoff the API takes."""
 
 State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
 RunState = Literal["running", "done", "failed"]
-QueueName = Field(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,127}$", examples=["shop:tasks"])
+QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_.:-]{0,127}$"
+QueueName = Field(pattern=QUEUE_PATTERN, examples=["shop:tasks"])
 
 
 def tid(value: int | None) -> str | None:
@@ -22,7 +49,10 @@ def tid(value: int | None) -> str | None:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields are refused, and so are values of the
+    wrong JSON type (``"paused": 0`` is not a boolean), as /openapi.json says."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EnqueueIn(Strict):
@@ -31,9 +61,9 @@ class EnqueueIn(Strict):
     idempotency_key: str | None = Field(
         None, max_length=512, description="the same key in the same queue returns the existing task"
     )
-    priority: int = Field(0, ge=-(2**31), lt=2**31, description="higher first")
-    delay_s: float = Field(0, ge=0, le=315360000, description="claimable only this much later")
-    max_attempts: int | None = Field(None, ge=1, le=1000)
+    priority: Priority = Field(0, description="higher first")
+    delay_s: float = Field(0, ge=0, le=MAX_DELAY_S, description="claimable only this much later")
+    max_attempts: Attempts | None = None
     held: bool = Field(False, description="enqueue held: not claimable until released")
     parent: TaskRef | None = Field(None, description="the parent task, for lineage")
 
@@ -63,8 +93,8 @@ class EnqueueManyOut(BaseModel):
 class ClaimIn(Strict):
     queue: str = QueueName
     worker: str | None = Field(None, max_length=200)
-    max_tasks: int = Field(1, ge=1, le=1000)
-    lease_s: int | None = Field(None, ge=1, le=3600, description="default: the queue's (300)")
+    max_tasks: MaxTasks = 1
+    lease_s: LeaseS | None = Field(None, description="default: the queue's (300)")
     wait_s: float = Field(0, ge=0, le=55, description="long-poll an empty queue this long")
 
 
@@ -118,7 +148,7 @@ class ClaimOut(BaseModel):
 
 class HeartbeatIn(Strict):
     lease_token: str = Field(max_length=300)
-    lease_s: int | None = Field(None, ge=1, le=3600)
+    lease_s: LeaseS | None = None
     stage: str | None = Field(None, max_length=1000)
 
 
@@ -136,7 +166,7 @@ class SubmitIn(Strict):
 class FailIn(Strict):
     lease_token: str = Field(max_length=300)
     error: Any = None
-    retry_delay_s: float | None = Field(None, ge=0, le=315360000)
+    retry_delay_s: float | None = Field(None, ge=0, le=MAX_DELAY_S)
     requeue: bool = True
 
 
@@ -246,12 +276,12 @@ class QueuesOut(BaseModel):
 
 
 class QueueSettingsIn(Strict):
-    lease_s: int | None = Field(None, ge=1, le=3600)
-    max_attempts: int | None = Field(None, ge=1, le=1000)
-    backoff_base_s: float | None = Field(None, ge=0)
-    backoff_max_s: float | None = Field(None, ge=0)
-    retention_s: int | None = Field(None, ge=0)
-    max_body_bytes: int | None = Field(None, ge=1, le=104857600)
+    lease_s: LeaseS | None = None
+    max_attempts: Attempts | None = None
+    backoff_base_s: float | None = Field(None, ge=0, le=MAX_DELAY_S)
+    backoff_max_s: float | None = Field(None, ge=0, le=MAX_DELAY_S)
+    retention_s: RetentionS | None = None
+    max_body_bytes: BodyBytes | None = None
     paused: bool | None = None
 
 
@@ -277,8 +307,8 @@ class EdgeIn(Strict):
     present: bool | None = Field(None, description="route when `when` is present (true) or absent (false)")
     join: bool = False
     partial: bool = False
-    priority: int | None = None
-    delay_s: float = Field(0, ge=0)
+    priority: Priority | None = None
+    delay_s: float = Field(0, ge=0, le=MAX_DELAY_S)
 
 
 class EdgeOut(BaseModel):
@@ -300,7 +330,7 @@ class GraphOut(BaseModel):
 
 
 class KeyIn(Strict):
-    ring: int = Field(ge=0, le=3, description="0 admin, 1 operator, 2 worker, 3 observer")
+    ring: Ring = Field(description="0 admin, 1 operator, 2 worker, 3 observer")
     queues: list[str] = Field(default_factory=lambda: ["*"], min_length=1, description="glob patterns")
     name: str = Field("", max_length=200)
 

@@ -14,9 +14,12 @@ from fastapi.responses import StreamingResponse
 from batonq.client import AsyncClient
 from batonq.service import schemas as s
 from batonq.service.auth import WORKER, Principal, require
+from batonq.service.problems import ERROR_RESPONSES
 
-router = APIRouter(prefix="/v1", tags=["work"])
+router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
 _CREDIT_POLL_S = 0.25
+READY = ": ready\n\n"
+"""The first thing a stream sends: a comment saying the subscription is live."""
 
 
 def sse(event: str, data: Any, event_id: int | None = None) -> str:
@@ -26,6 +29,8 @@ def sse(event: str, data: Any, event_id: int | None = None) -> str:
 
 async def _announce(client: AsyncClient, queue: str, keepalive_s: float, seq: int) -> AsyncIterator[str]:
     async with client.watch(queue) as wake:
+        # Subscribed: from here on no enqueue goes unannounced.
+        yield READY
         while True:
             stats = await client.queues(queue)
             pending = stats[0].pending if stats else 0
@@ -49,6 +54,7 @@ async def _deliver(
 ) -> AsyncIterator[str]:
     outstanding: dict[int, int] = {}
     idle = 0.0
+    yield READY
     while True:
         await _still_held(client, outstanding)
         free = credit - len(outstanding)
@@ -79,7 +85,7 @@ async def _deliver(
 async def stream(
     request: Request,
     principal: Annotated[Principal, Depends(require(WORKER))],
-    queue: Annotated[str, Query(pattern=r"^[a-z0-9][a-z0-9_.:-]{0,127}$")],
+    queue: Annotated[str, Query(pattern=s.QUEUE_PATTERN)],
     claim: bool = False,
     credit: Annotated[int, Query(ge=1, le=100, description="with claim: unfinished tasks at most")] = 1,
     lease_s: Annotated[int | None, Query(ge=1, le=3600)] = None,
@@ -89,7 +95,9 @@ async def stream(
     queue has claimable tasks. With `claim=true`: `task` events, each a claimed
     task with its lease token (the event id is its fencing token); at most
     `credit` are unfinished at once, the next comes when you submit or fail one.
-    Comments (`: keep-alive`) keep idle connections open. Tasks leased to a
+    The stream opens with a `: ready` comment once it is subscribed (an
+    enqueue after it is announced); `: keep-alive` comments keep idle
+    connections open. Tasks leased to a
     dropped connection return when their lease runs out."""
     principal.check_queue(queue)
     client: AsyncClient = request.app.state.client

@@ -11,9 +11,9 @@ from batonq.client import AsyncClient
 from batonq.service import schemas as s
 from batonq.service.auth import WORKER, Principal, require
 from batonq.service.metrics import Metrics
-from batonq.service.problems import ApiError
+from batonq.service.problems import ERROR_RESPONSES, ApiError
 
-router = APIRouter(prefix="/v1", tags=["work"])
+router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
 Worker = Annotated[Principal, Depends(require(WORKER))]
 
 

@@ -1,0 +1,73 @@
+"""Fixtures for the end-to-end HTTP tests: real ``batonq serve`` processes on
+loopback, on a fresh database, driven with httpx."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import httpx
+import psycopg
+import pytest
+from tests.conftest import with_db
+from tests.e2e.live import LiveServer
+
+KEEPALIVE_S = 1.0
+"""The servers' keep-alive interval on idle streams (the default is 15 s)."""
+
+Serve = Callable[..., LiveServer]
+
+
+@pytest.fixture
+def serve(admin_dsn: str) -> Iterator[Serve]:
+    """Start ``batonq serve`` processes on this test's database:
+    ``serve("--max-body-bytes", "4096")``; all are stopped at teardown."""
+    started: list[LiveServer] = []
+
+    def start(*args: str) -> LiveServer:
+        server = LiveServer(admin_dsn, "--keepalive", str(KEEPALIVE_S), *args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def server(serve: Serve) -> LiveServer:
+    return serve()
+
+
+@pytest.fixture
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    """A keep-alive client with the admin key the server printed on first start."""
+    assert server.admin_key, f"no admin key on stderr:\n{server.log}"
+    with server.http(server.admin_key) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def module_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh migrated database shared by one module's tests."""
+    name = f"batonq_e2e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    yield with_db(server_dsn, name)
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def shared_server(module_dsn: str) -> Iterator[LiveServer]:
+    """One server for a module whose tests keep to queues of their own."""
+    server = LiveServer(module_dsn, "--keepalive", str(KEEPALIVE_S))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_http(shared_server: LiveServer) -> Iterator[httpx.Client]:
+    assert shared_server.admin_key
+    with shared_server.http(shared_server.admin_key) as client:
+        yield client

@@ -1,0 +1,179 @@
+"""A real ``batonq serve`` process on loopback, for the end-to-end tests.
+
+Started as a user starts it (``batonq --dsn DSN serve --port P``), waited for
+through ``/readyz`` with a deadline, its first admin key read from stderr,
+and stopped with SIGTERM (SIGKILL if it does not go).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "ADMIN_KEY", "LiveServer", "claim", "claim_one", "enqueue", "free_port", "new_key", "problem",
+    "sse_events",
+]  # fmt: skip
+
+ADMIN_KEY = re.compile(r"\bbq_[0-9]+_[0-9a-f]{64}\b")
+_BATONQ = Path(sys.executable).with_name("batonq")
+START_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class LiveServer:
+    """One ``batonq serve`` process. ``admin_key`` is the key it printed on
+    its first start (None when the database already had keys)."""
+
+    def __init__(self, dsn: str, *args: str) -> None:
+        self.dsn = dsn
+        self.args = args
+        self.output: list[str] = []
+        self._lock = threading.Lock()
+        for attempt in range(3):  # a free port may be taken before the server binds it
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.proc = subprocess.Popen(
+                [str(_BATONQ), "--dsn", dsn, "serve", "--port", str(self.port), "--log-level", "warning",
+                 *args],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+            self._drainer = threading.Thread(target=self._drain, daemon=True)
+            self._drainer.start()
+            if self._wait_ready():
+                break
+            self.stop()
+            if attempt == 2 or "address already in use" not in self.log.lower():
+                raise RuntimeError(f"batonq serve did not become ready:\n{self.log}")
+        found = ADMIN_KEY.search(self.log)
+        self.admin_key = found.group(0) if found else None
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._lock:
+                self.output.append(line)
+
+    @property
+    def log(self) -> str:
+        with self._lock:
+            return "".join(self.output)
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        with httpx.Client(base_url=self.url, timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    return False
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        return True
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        return False
+
+    def http(self, key: str | None = None, **options: object) -> httpx.Client:
+        """A keep-alive client on this server, sending ``key`` as the bearer."""
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, **options)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self._drainer.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@contextmanager
+def sse_events(
+    http: httpx.Client, path: str, *, timeout: float = 30.0
+) -> Iterator[Iterator[tuple[str, str | None, str]]]:
+    """Open an event stream; yields an iterator of ``(kind, id, data)``, where
+    kind is the event name, or ``":"`` for a comment (data: its text)."""
+    with http.stream("GET", path, timeout=httpx.Timeout(timeout, connect=5.0)) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+
+        def events() -> Iterator[tuple[str, str | None, str]]:
+            event, event_id, data = "message", None, []
+            for line in response.iter_lines():
+                if line.startswith(":"):
+                    yield ":", None, line[1:].strip()
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("id:"):
+                    event_id = line[3:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif line == "" and data:
+                    yield event, event_id, "\n".join(data)
+                    event, event_id, data = "message", None, []
+
+        yield events()
+
+
+def new_key(http: httpx.Client, ring: int, queues: list[str] | None = None) -> tuple[int, str]:
+    """Make an API key through POST /v1/keys; returns its id and secret."""
+    response = http.post("/v1/keys", json={"ring": ring, "queues": queues or ["*"], "name": f"ring {ring}"})
+    assert response.status_code == 201, response.text
+    made = response.json()
+    return made["id"], made["key"]
+
+
+def problem(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """Assert an error answer: the status, JSON, ``{"error": {"code", "message"}}``
+    with ``code``; returns the error object."""
+    assert response.status_code == status, f"{response.status_code} {response.text}"
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    assert isinstance(error.get("message"), str) and error["message"], body
+    assert error.get("code") == code, body
+    return error
+
+
+def enqueue(http: httpx.Client, queue: str, payload: Any = None, **fields: Any) -> str:
+    response = http.post("/v1/enqueue", json={"queue": queue, "payload": payload, **fields})
+    assert response.status_code == 200, response.text
+    task_id: str = response.json()["task_id"]
+    return task_id
+
+
+def claim(http: httpx.Client, queue: str, **fields: Any) -> list[dict[str, Any]]:
+    response = http.post("/v1/claim", json={"queue": queue, **fields})
+    assert response.status_code == 200, response.text
+    tasks: list[dict[str, Any]] = response.json()["tasks"]
+    return tasks
+
+
+def claim_one(http: httpx.Client, queue: str, **fields: Any) -> dict[str, Any]:
+    tasks = claim(http, queue, **fields)
+    assert len(tasks) == 1, tasks
+    return tasks[0]
