@@ -162,3 +162,21 @@ def counts_in_database(sql: psycopg.Connection[Any], queue: str) -> dict[str, in
     )
     counts.update({state: int(n) for state, n in rows})
     return counts
+
+
+@dataclass
+class Target:
+    """Where a test's MCP sessions go: ``stdio`` (one ``batonq mcp`` process
+    per session, on the worker role's DSN) or ``http`` (one ``batonq serve``,
+    with a ring 2 and a ring 3 key made by ``batonq keys create``)."""
+
+    kind: str
+    dsn: str
+    service: Service | None = None
+    worker_key: str = ""
+    observer_key: str = ""
+
+    def session(self, *, read_only: bool = False) -> contextlib.AbstractAsyncContextManager[ClientSession]:
+        if self.service is None:
+            return stdio_session(self.dsn, *(["--read-only"] if read_only else []))
+        return http_session(self.service.url, self.observer_key if read_only else self.worker_key)

@@ -17,12 +17,12 @@ from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import TextResourceContents
 from tests.conftest import age
-from tests.mcp_server.conftest import Target
 from tests.mcp_server.support import (
     BATONQ,
     READ_TOOLS,
     WRITE_TOOLS,
     Service,
+    Target,
     call,
     counts_in_database,
     http_session,
