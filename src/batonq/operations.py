@@ -49,7 +49,9 @@ def task_id(value: int | str) -> int:
         return value
     if isinstance(value, str):
         text = value[2:] if value.startswith("t_") else value
-        if text.isdigit():
+        # ASCII digits only: str.isdigit() also passes "²" (which int()
+        # rejects with a ValueError) and other scripts' digits.
+        if text.isascii() and text.isdigit() and len(text) <= 18:
             return int(text)
     raise InvalidArgument(f"task id must look like t_5521 or 5521, got {value!r}")
 

@@ -1,0 +1,205 @@
+"""errors.from_database_error against the errors the engine really raises,
+and the client's exceptions for them. Nothing is half-written by a refusal."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from tests.conftest import with_db
+
+import batonq
+from batonq.errors import from_database_error
+
+Q = "errors:q"
+DEFAULT_LIMIT = 128 * 1024
+
+
+@pytest.fixture
+def conn(dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    """A plain connection as the worker role."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        yield c
+
+
+def engine_error(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...] = ()) -> Exception:
+    """Run ``query``, which the engine must refuse; the mapped exception."""
+    with pytest.raises(psycopg.Error) as raised:
+        conn.execute(query, params)
+    mapped = from_database_error(raised.value)
+    assert mapped is not raised.value, f"unmapped: {raised.value!r}"
+    assert isinstance(mapped, batonq.BatonqError)
+    assert mapped.code == type(mapped).code
+    return mapped
+
+
+def hot_count(sql: psycopg.Connection[Any]) -> int:
+    row = sql.execute("SELECT (SELECT count(*) FROM batonq.tasks) + (SELECT count(*) FROM batonq.archive)")
+    one = row.fetchone()
+    assert one is not None
+    return int(one[0])
+
+
+def test_payload_too_large_names_the_sizes(
+    conn: psycopg.Connection[Any], admin: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    body = "x" * DEFAULT_LIMIT  # its JSON text has the two quotes too
+    error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb(body)))
+    assert type(error) is batonq.PayloadTooLarge
+    assert error.message == f"payload is {DEFAULT_LIMIT + 2} bytes, over the limit of {DEFAULT_LIMIT} bytes"
+    assert error.detail == {"what": "payload", "size": DEFAULT_LIMIT + 2, "limit": DEFAULT_LIMIT}
+    # Just under the limit is fine.
+    conn.execute("SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb("x" * (DEFAULT_LIMIT - 2))))
+
+    admin.configure_queue(Q, max_body_bytes=100)
+    error = engine_error(
+        conn, "SELECT * FROM batonq.enqueue_many(%s, %s::jsonb[])", (Q, [Jsonb(1), Jsonb("y" * 200)])
+    )
+    assert type(error) is batonq.PayloadTooLarge
+    assert error.message == "payload 2 is 202 bytes, over the limit of 100 bytes"
+    assert error.detail == {"what": "payload 2", "size": 202, "limit": 100}
+    assert hot_count(sql) == 1, "the refused batch wrote nothing"
+
+
+def test_result_and_error_too_large_keep_the_lease(client: batonq.Client, admin: batonq.Client) -> None:
+    admin.configure_queue(Q, max_body_bytes=50)
+    client.enqueue(Q, 1)
+    [lease] = client.claim(Q)
+    with pytest.raises(batonq.PayloadTooLarge) as raised:
+        client.complete(lease.lease_token, "r" * 60)
+    assert raised.value.message == "result is 62 bytes, over the limit of 50 bytes"
+    assert isinstance(raised.value.__cause__, psycopg.Error)
+    with pytest.raises(batonq.PayloadTooLarge) as raised:
+        client.fail(lease.lease_token, "e" * 60)
+    assert raised.value.message == "error is 62 bytes, over the limit of 50 bytes"
+    assert client.task(lease.task_id).state == "leased"
+    assert client.complete(lease.lease_token, "ok").outcome == "accepted"
+
+
+@pytest.mark.parametrize("name", ["Bad Queue", "", "-starts-with-dash", "x" * 129, "ümlaut"])
+def test_invalid_queue_name(conn: psycopg.Connection[Any], sql: psycopg.Connection[Any], name: str) -> None:
+    error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, '1')", (name,))
+    assert type(error) is batonq.InvalidQueueName
+    assert error.message.startswith(f"invalid queue name '{name}': use 1-128 characters")
+    assert error.detail == {"queue": name}
+    error = engine_error(conn, "SELECT * FROM batonq.claim(%s)", (name,))
+    assert type(error) is batonq.InvalidQueueName
+    assert hot_count(sql) == 0
+    row = sql.execute("SELECT count(*) FROM batonq.queues").fetchone()
+    assert row == (0,)
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["garbage", "", f"{Q}/1/1/xyz", f"{Q}/1/1/{'0' * 31}", f"Bad/1/1/{'0' * 32}", f"{Q}/-1/1/{'0' * 32}"],
+)
+def test_malformed_token(conn: psycopg.Connection[Any], token: str) -> None:
+    for query in (
+        "SELECT * FROM batonq.complete(%s)",
+        "SELECT * FROM batonq.fail(%s)",
+        "SELECT * FROM batonq.heartbeat(%s)",
+    ):
+        error = engine_error(conn, query, (token,))
+        assert type(error) is batonq.InvalidToken
+        assert error.message == "malformed lease token: use the lease_token returned by claim"
+
+
+def test_wrong_secret(
+    client: batonq.Client, conn: psycopg.Connection[Any], sql: psycopg.Connection[Any]
+) -> None:
+    client.enqueue(Q, 1)
+    [lease] = client.claim(Q)
+    forged = lease.lease_token[:-32] + uuid.uuid4().hex
+    for query in (
+        "SELECT * FROM batonq.complete(%s)",
+        "SELECT * FROM batonq.heartbeat(%s)",
+        "SELECT * FROM batonq.fail(%s)",
+    ):
+        error = engine_error(conn, query, (forged,))
+        assert type(error) is batonq.InvalidToken
+        assert error.message == f"wrong lease token for task {lease.task_id}"
+        assert error.detail == {"task_id": lease.task_id}
+    with pytest.raises(batonq.InvalidToken):
+        client.complete(forged, "stolen")
+    task = client.task(lease.task_id)
+    assert (task.state, task.fencing_token, task.result) == ("leased", lease.fencing_token, None)
+    assert client.complete(lease.lease_token, "mine").outcome == "accepted"
+    row = sql.execute("SELECT result FROM batonq.archive WHERE id = %s", (lease.task_id,)).fetchone()
+    assert row == ("mine",)
+
+
+def test_unknown_task(conn: psycopg.Connection[Any], client: batonq.Client) -> None:
+    error = engine_error(conn, "SELECT * FROM batonq.get_task(%s)", (10**12,))
+    assert type(error) is batonq.TaskNotFound
+    assert error.message == f"task {10**12} not found"
+    assert error.detail == {"task_id": 10**12}
+    client.enqueue(Q, 1)
+    error = engine_error(conn, "SELECT * FROM batonq.complete(%s)", (f"{Q}/777777/1/{'a' * 32}",))
+    assert type(error) is batonq.TaskNotFound
+    assert error.message == f"task 777777 not found in queue {Q}"
+    with pytest.raises(batonq.TaskNotFound):
+        client.task("t_999999999")
+    error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, '1', p_parent_id => 424242)", (Q,))
+    assert type(error) is batonq.TaskNotFound
+
+
+@pytest.mark.parametrize("lease_s", [0, -1, 3601])
+def test_lease_s_out_of_range(conn: psycopg.Connection[Any], client: batonq.Client, lease_s: int) -> None:
+    client.enqueue(Q, 1)
+    error = engine_error(conn, "SELECT * FROM batonq.claim(%s, NULL, 1, %s)", (Q, lease_s))
+    assert type(error) is batonq.InvalidArgument
+    assert error.message == "lease_s must be between 1 and 3600"
+    [lease] = client.claim(Q, lease_s=3600)
+    error = engine_error(conn, "SELECT * FROM batonq.heartbeat(%s, %s)", (lease.lease_token, lease_s))
+    assert type(error) is batonq.InvalidArgument
+    assert error.message == "lease_s must be between 1 and 3600"
+    with pytest.raises(batonq.InvalidArgument, match="lease_s must be between 1 and 3600"):
+        client.claim(Q, lease_s=lease_s)
+    assert client.task(lease.task_id).attempts == 1, "refused claims counted no attempt"
+
+
+def test_other_invalid_arguments(conn: psycopg.Connection[Any], client: batonq.Client) -> None:
+    client.enqueue(Q, 1)  # claim checks its arguments once the queue exists
+    for query, params, message in [
+        ("SELECT * FROM batonq.enqueue(%s, '1', p_delay_s => -1)", (Q,), "delay_s must be between 0"),
+        ("SELECT * FROM batonq.enqueue(%s, '1', p_max_attempts => 0)", (Q,), "max_attempts must be between"),
+        ("SELECT * FROM batonq.claim(%s, NULL, 0)", (Q,), "max_tasks must be between 1 and 10000"),
+        ("SELECT * FROM batonq.list_tasks(%s, 'sleeping')", (Q,), "state must be one of"),
+    ]:
+        error = engine_error(conn, query, params)
+        assert type(error) is batonq.InvalidArgument
+        assert error.message.startswith(message)
+
+
+def test_schema_missing(server_dsn: str) -> None:
+    name = f"batonq_e_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        with psycopg.connect(with_db(server_dsn, name), autocommit=True) as conn:
+            with pytest.raises(psycopg.Error) as raised:
+                conn.execute("SELECT * FROM batonq.claim('q')")
+            mapped = from_database_error(raised.value)
+            assert type(mapped) is batonq.SchemaMissing
+            assert "run `batonq migrate`" in str(mapped)
+        with (
+            batonq.connect(with_db(server_dsn, name), listen=False) as client,
+            pytest.raises(batonq.SchemaMissing),
+        ):
+            client.queues()
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_other_database_errors_pass_through(conn: psycopg.Connection[Any]) -> None:
+    with pytest.raises(psycopg.errors.DivisionByZero) as raised:
+        conn.execute("SELECT 1 / 0")
+    assert from_database_error(raised.value) is raised.value
+    with pytest.raises(psycopg.errors.UndefinedTable) as missing:
+        conn.execute("SELECT * FROM public.no_such_table")
+    assert from_database_error(missing.value) is missing.value, "not batonq's: no SchemaMissing"

@@ -1,0 +1,233 @@
+"""Migrations: once, concurrently, by psql; the schema matches the code; the
+roles get nothing but the functions."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from tests.conftest import with_db
+
+import batonq
+from batonq import models
+from batonq.migrate import Migration, migrations, pending
+
+SQL_DIR = Path(models.__file__).resolve().parent / "sql"
+PSQL = "/usr/bin/psql"
+
+
+@pytest.fixture
+def empty_db(server_dsn: str) -> Iterator[Callable[[], str]]:
+    """Makes empty databases (no batonq schema); drops them afterwards."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"batonq_m_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return with_db(server_dsn, name)
+
+    yield make
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        for name in made:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def applied(dsn: str) -> list[tuple[int, str]]:
+    with psycopg.connect(dsn) as conn:
+        return [(v, n) for v, n in conn.execute("SELECT version, name FROM batonq.migrations ORDER BY 1")]
+
+
+def shipped() -> list[tuple[int, str]]:
+    return [(m.version, m.name) for m in migrations()]
+
+
+def _undated(name: str) -> str:
+    """Day partitions are named by date: compare them by shape."""
+    return re.sub(r"_\d{8}$", "_YYYYMMDD", name)
+
+
+def schema_of(dsn: str) -> dict[str, Any]:
+    """What batonq put in a database: relations, columns, functions, grants."""
+    with psycopg.connect(dsn) as conn:
+        relations = conn.execute(
+            """SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '')
+                 FROM pg_class c WHERE c.relnamespace = 'batonq'::regnamespace"""
+        ).fetchall()
+        columns = conn.execute(
+            """SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
+                 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+                WHERE c.relnamespace = 'batonq'::regnamespace AND c.relkind IN ('r', 'p', 'c', 'v')
+                  AND a.attnum > 0 AND NOT a.attisdropped"""
+        ).fetchall()
+        functions = conn.execute(
+            """SELECT p.oid::regprocedure::text, p.prosecdef, coalesce(p.proacl::text, ''),
+                      coalesce(p.proconfig::text, ''), md5(p.prosrc)
+                 FROM pg_proc p WHERE p.pronamespace = 'batonq'::regnamespace"""
+        ).fetchall()
+        types = conn.execute(
+            "SELECT t.typname FROM pg_type t WHERE t.typnamespace = 'batonq'::regnamespace"
+        ).fetchall()
+    return {
+        "relations": collections.Counter((_undated(n), k, acl) for n, k, acl in relations),
+        "columns": collections.Counter((_undated(n), *rest) for n, *rest in columns),
+        "functions": sorted(functions),
+        "types": collections.Counter(_undated(n) for (n,) in types),
+    }
+
+
+def test_migrate_twice_is_a_no_op(empty_db: Callable[[], str]) -> None:
+    dsn = empty_db()
+    assert pending(dsn) == migrations()
+    first = batonq.migrate(dsn)
+    assert [(m.version, m.name) for m in first] == shipped()
+    before = schema_of(dsn)
+    assert batonq.migrate(dsn) == []
+    assert pending(dsn) == []
+    assert applied(dsn) == shipped()
+    assert schema_of(dsn) == before
+
+
+def test_concurrent_migrations_apply_once(empty_db: Callable[[], str]) -> None:
+    dsn = empty_db()
+    start = threading.Barrier(4)
+    results: dict[int, list[Migration]] = {}
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            start.wait(timeout=30)
+            results[i] = batonq.migrate(dsn)
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert len(results) == 4
+    lengths = sorted(len(done) for done in results.values())
+    assert lengths == [0, 0, 0, len(shipped())], "exactly one migrator applied everything"
+    assert applied(dsn) == shipped()
+
+    reference = empty_db()
+    batonq.migrate(reference)
+    assert schema_of(dsn) == schema_of(reference)
+    # And the concurrently migrated database works.
+    with batonq.connect(dsn) as client:
+        client.enqueue("m:q", 1)
+        [lease] = client.claim("m:q")
+        assert client.complete(lease.lease_token, 2).outcome == "accepted"
+
+
+def test_psql_files_match_migrate(empty_db: Callable[[], str]) -> None:
+    by_psql, by_migrate = empty_db(), empty_db()
+    files = sorted(SQL_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))
+    assert [f.name for f in files] == [f"{v:04d}_{n}.sql" for v, n in shipped()]
+    for file in files:
+        run = subprocess.run(
+            [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", by_psql, "-f", str(file)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert run.returncode == 0, f"{file.name}: {run.stderr}"
+        assert "ERROR" not in run.stderr, run.stderr
+    batonq.migrate(by_migrate)
+
+    assert applied(by_psql) == applied(by_migrate) == shipped()
+    assert batonq.migrate(by_psql) == [], "migrate sees a psql-applied schema as current"
+    psql_schema, migrate_schema = schema_of(by_psql), schema_of(by_migrate)
+    assert psql_schema["functions"] == migrate_schema["functions"]
+    assert psql_schema == migrate_schema
+    assert len(psql_schema["functions"]) > 20
+
+
+COMPOSITES = [
+    ("batonq.lease", models.Lease),
+    ("batonq.task_view", models.Task),
+    ("batonq.submit_reply", models.Submitted),
+    ("batonq.enqueued", models.Enqueued),
+    ("batonq.queues", models.QueueConfig),
+]
+
+
+@pytest.mark.parametrize(("type_name", "model"), COMPOSITES, ids=[name for name, _ in COMPOSITES])
+def test_composite_types_match_models(sql: psycopg.Connection[Any], type_name: str, model: type[Any]) -> None:
+    attributes = [
+        name
+        for (name,) in sql.execute(
+            """SELECT a.attname FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid
+                WHERE t.oid = %s::regtype AND a.attnum > 0 AND NOT a.attisdropped
+                ORDER BY a.attnum""",
+            (type_name,),
+        )
+    ]
+    assert attributes
+    assert attributes == [f.name for f in dataclasses.fields(model)]
+
+
+def test_queue_stats_columns_match_model(sql: psycopg.Connection[Any]) -> None:
+    cursor = sql.execute("SELECT * FROM batonq.queue_stats(NULL) LIMIT 0")
+    assert cursor.description is not None
+    assert [c.name for c in cursor.description] == [f.name for f in dataclasses.fields(models.QueueStats)]
+
+
+TABLES = ["tasks", "archive", "submits", "idempotency_keys", "queues", "migrations"]
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_worker_role_has_no_table_access(dsn: str, table: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            conn.execute(f"SELECT * FROM batonq.{table}")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            conn.execute(f"DELETE FROM batonq.{table}")
+
+
+def test_worker_role_works_through_the_functions(client: batonq.Client, dsn: str) -> None:
+    enq = client.enqueue("roles:q", {"n": 1}, key="k")
+    [lease] = client.claim("roles:q", lease_s=30)
+    client.heartbeat(lease.lease_token, stage="s")
+    assert client.complete(lease.lease_token, {"ok": True}).outcome == "accepted"
+    assert client.task(enq.task_id).state == "done"
+    assert client.queues("roles:q")[0].done == 1
+    assert client.sweep() == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for operator_call in (
+            "SELECT batonq.retry_task(1)",
+            "SELECT batonq.configure_queue('roles:q', p_paused => true)",
+            "SELECT batonq._queue('roles:q', true)",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+                conn.execute(operator_call)
+
+
+def test_reader_role_reads_but_cannot_write(client: batonq.Client, reader_dsn: str) -> None:
+    enq = client.enqueue("roles:q", {"n": 1})
+    with batonq.connect(reader_dsn) as reader:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            reader.enqueue("roles:q", {"n": 2})
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+            reader.claim("roles:q")
+        [stats] = reader.queues("roles:q")
+        assert stats.pending == 1
+        assert [t.id for t in reader.tasks("roles:q")] == [enq.task_id]
+        assert reader.task(enq.task_id).payload == {"n": 1}
+    with (
+        psycopg.connect(reader_dsn, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"),
+    ):
+        conn.execute("SELECT * FROM batonq.tasks")
