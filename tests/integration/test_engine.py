@@ -42,9 +42,7 @@ def test_tokens_only_grow(client: batonq.Client) -> None:
     assert min(seen[5:10]) > max(seen[:5])
 
 
-def test_zombie_write_is_refused_and_set_aside(
-    client: batonq.Client, sql: psycopg.Connection[Any]
-) -> None:
+def test_zombie_write_is_refused_and_set_aside(client: batonq.Client, sql: psycopg.Connection[Any]) -> None:
     client.enqueue(Q, {"n": 1})
     [a] = client.claim(Q, lease_s=60, worker="A")
     age(sql, 61)
@@ -113,9 +111,7 @@ def test_complete_many(client: batonq.Client, sql: psycopg.Connection[Any]) -> N
     stale = leases[5]
     age(sql, 61)
     [newer] = client.claim(Q, max_tasks=1)
-    mixed = client.complete_many(
-        [(lease.lease_token, lease.payload * 2) for lease in leases[:8]]
-    )
+    mixed = client.complete_many([(lease.lease_token, lease.payload * 2) for lease in leases[:8]])
     outcomes = {r.task_id: r.outcome for r in mixed}
     assert [outcomes[lease.task_id] for lease in leases[:5]] == ["replayed"] * 5
     assert outcomes[stale.task_id] == ("lease_lost" if newer.task_id == stale.task_id else "accepted")
@@ -161,8 +157,9 @@ def test_delay(client: batonq.Client, sql: psycopg.Connection[Any]) -> None:
     assert lease.payload == "later"
 
 
-def test_fail_with_backoff_then_dead(admin: batonq.Client, client: batonq.Client,
-                                     sql: psycopg.Connection[Any]) -> None:
+def test_fail_with_backoff_then_dead(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
     admin.configure_queue(Q, backoff_base_s=10, backoff_max_s=100)
     t = client.enqueue(Q, 1, max_attempts=3)
     delays = []
@@ -215,7 +212,9 @@ def test_operator_retry_of_dead_task(admin: batonq.Client, client: batonq.Client
     assert stale.replayed and stale.state == "dead"
     client.complete(again.lease_token, "ok")
     assert client.task(t.task_id).result == "ok"
-    with pytest.raises(batonq.InvalidState, match="cannot retry task .*: it is done, not dead or cancelled"):
+    with pytest.raises(
+        batonq.InvalidState, match=r"cannot retry task \d+: it is done, not dead or cancelled"
+    ):
         admin.retry(t.task_id)
 
 
@@ -265,9 +264,7 @@ def test_release_lease_is_claimable_at_once(client: batonq.Client) -> None:
     assert again.task_id == lease.task_id and again.attempt == 1
 
 
-def test_lease_expiry_counts_attempts_until_dead(
-    client: batonq.Client, sql: psycopg.Connection[Any]
-) -> None:
+def test_lease_expiry_counts_attempts_until_dead(client: batonq.Client, sql: psycopg.Connection[Any]) -> None:
     t = client.enqueue(Q, 1)
     for attempt in (1, 2, 3):
         [lease] = client.claim(Q, lease_s=5)
@@ -297,3 +294,12 @@ def test_lists_and_counts(client: batonq.Client) -> None:
     assert len(page) == 2 and len(rest) == 3
     with pytest.raises(batonq.InvalidArgument, match="state must be one of"):
         client.tasks(Q, state="sleeping")
+
+
+def test_claim_checks_arguments_even_for_a_new_queue(client: batonq.Client) -> None:
+    for queue in ("never-used", Q):
+        with pytest.raises(batonq.InvalidArgument, match="lease_s must be between 1 and 3600"):
+            client.claim(queue, lease_s=0)
+        with pytest.raises(batonq.InvalidArgument, match="max_tasks must be between 1 and 10000"):
+            client.claim(queue, max_tasks=0)
+        client.enqueue(Q, 1)

@@ -21,6 +21,9 @@ import pytest
 
 import batonq
 
+# auto_explain is a contrib module: the machine's server has it, pgserver does not.
+pytestmark = pytest.mark.needs_auto_explain
+
 Q = "plans:q"
 OTHER_QUEUES = 10
 PER_QUEUE = 10_000

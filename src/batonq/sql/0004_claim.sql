@@ -80,21 +80,23 @@ DECLARE
     v_queue   batonq.queues;
     v_lease_s integer;
 BEGIN
-    SELECT * INTO v_queue FROM batonq.queues WHERE name = p_queue;
-    IF NOT FOUND THEN
-        PERFORM batonq._check_queue_name(p_queue);
-        RETURN;
-    END IF;
-    v_lease_s := coalesce(p_lease_s, v_queue.lease_s);
-    IF v_lease_s < 1 OR v_lease_s > 3600 THEN
+    -- Arguments first, so a bad call fails the same on a queue that does not
+    -- exist yet.
+    IF p_lease_s < 1 OR p_lease_s > 3600 THEN
         PERFORM batonq._invalid_argument('lease_s must be between 1 and 3600');
     END IF;
     IF p_max_tasks IS NULL OR p_max_tasks < 1 OR p_max_tasks > 10000 THEN
         PERFORM batonq._invalid_argument('max_tasks must be between 1 and 10000');
     END IF;
+    SELECT * INTO v_queue FROM batonq.queues WHERE name = p_queue;
+    IF NOT FOUND THEN
+        PERFORM batonq._check_queue_name(p_queue);
+        RETURN;
+    END IF;
     IF v_queue.paused THEN
         RETURN;
     END IF;
+    v_lease_s := coalesce(p_lease_s, v_queue.lease_s);
     -- Recovery needs no background process: the claimer of a queue takes its
     -- expired leases as the next holder.
     PERFORM batonq.expire_leases(p_queue);
