@@ -67,7 +67,12 @@ def _all(cls: Callable[..., T]) -> Callable[[Rows], list[T]]:
 def _submitted(rows: Rows) -> Submitted:
     """Read a write's reply; a refused write raises (after its transaction
     committed the refusal to the ledger)."""
-    reply = Submitted(*rows[0])
+    return accepted(Submitted(*rows[0]))
+
+
+def accepted(reply: Submitted) -> Submitted:
+    """``reply`` if the write was accepted (or replayed); else raise
+    ``LeaseLost`` (``TaskFinished`` when the task is finished)."""
     if reply.outcome == "finished":
         raise TaskFinished(
             reply.task_id, reply.state, reply.fencing_token, reply.current_fencing_token

@@ -18,6 +18,7 @@ from batonq.client import AsyncClient
 from batonq.errors import LeaseLost, PayloadTooLarge
 from batonq.models import JSON, Lease, Submitted
 from batonq.worker.app import TaskSpec
+from batonq.worker.batching import Completions
 from batonq.worker.failure import DEFAULT_LIMIT_BYTES, Failure, failure_of, fit_text, json_size
 from batonq.worker.job import AsyncJob, BaseJob, Job
 from batonq.worker.middleware import Middleware, Outcome, run_after, run_before
@@ -50,6 +51,7 @@ class Execution:
         spec: TaskSpec,
         *,
         client: AsyncClient,
+        completions: Completions,
         executor: Executor,
         middleware: Sequence[Middleware],
         log_fields: dict[str, Any],
@@ -63,6 +65,7 @@ class Execution:
         self.phase = "running"
         self.lost: LeaseLost | None = None
         self._client = client
+        self._completions = completions
         self._loop = loop
         self._executor = executor
         self._middleware = middleware
@@ -190,7 +193,7 @@ class Execution:
             bad = ValueError(f"the handler's result is not JSON: {error}")
             return await self._fail(bad, Failure(str(bad), requeue=False))
         try:
-            await self._send(lambda: self._client.complete(token, result))
+            await self._send(lambda: self._completions.complete(token, result))
         except (PayloadTooLarge, psycopg.DataError) as error:
             return await self._fail(error, Failure(f"result refused: {error}", requeue=False))
         return Outcome("done", result=result, duration_s=self.duration_s)

@@ -27,6 +27,7 @@ from batonq.embedded import resolve_dsn
 from batonq.listener import AsyncListener, AsyncNoListener
 from batonq.models import Lease
 from batonq.worker.app import App, TaskSpec
+from batonq.worker.batching import Completions
 from batonq.worker.execution import Execution
 
 __all__ = ["EXIT_FORCED", "EXIT_OK", "Worker"]
@@ -117,6 +118,7 @@ class Worker:
         """Sync handlers still running in threads when the worker stopped."""
         self._given_client = client
         self._client: AsyncClient | None = None
+        self._completions: Completions | None = None
         self._running: dict[int, Execution] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poke: asyncio.Event | None = None
@@ -194,6 +196,7 @@ class Worker:
                 await client.open()
                 stack.push_async_callback(client.close)
             self._client = client
+            self._completions = Completions(client)
             self._fields = {"worker": client.worker_name}
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="batonq-job")
             stack.callback(self._executor.shutdown, wait=False, cancel_futures=True)
@@ -300,10 +303,10 @@ class Worker:
         return total
 
     def _start(self, client: AsyncClient, lease: Lease, spec: TaskSpec) -> None:
-        assert self._executor is not None
+        assert self._executor is not None and self._completions is not None
         execution = Execution(
-            lease, spec, client=client, executor=self._executor, middleware=self.app.middlewares,
-            log_fields=self._fields, on_finished=self._finished,
+            lease, spec, client=client, completions=self._completions, executor=self._executor,
+            middleware=self.app.middlewares, log_fields=self._fields, on_finished=self._finished,
         )  # fmt: skip
         self.claimed += 1
         self._running[lease.fencing_token] = execution
