@@ -8,6 +8,7 @@ and stopped with SIGTERM (SIGKILL if it does not go).
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import socket
@@ -17,14 +18,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 __all__ = [
-    "ADMIN_KEY", "LiveServer", "claim", "claim_one", "enqueue", "free_port", "new_key", "problem",
-    "sse_events",
+    "ADMIN_KEY", "Event", "LiveServer", "Subscriber", "claim", "claim_one", "enqueue", "free_port", "new_key",
+    "problem", "sse_events",
 ]  # fmt: skip
 
 ADMIN_KEY = re.compile(r"\bbq_[0-9]+_[0-9a-f]{64}\b")
@@ -112,11 +114,11 @@ class LiveServer:
 
 @contextmanager
 def sse_events(
-    http: httpx.Client, path: str, *, timeout: float = 30.0
+    http: httpx.Client, path: str, *, timeout: float = 30.0, headers: dict[str, str] | None = None
 ) -> Iterator[Iterator[tuple[str, str | None, str]]]:
     """Open an event stream; yields an iterator of ``(kind, id, data)``, where
     kind is the event name, or ``":"`` for a comment (data: its text)."""
-    with http.stream("GET", path, timeout=httpx.Timeout(timeout, connect=5.0)) as response:
+    with http.stream("GET", path, timeout=httpx.Timeout(timeout, connect=5.0), headers=headers) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
 
@@ -177,3 +179,56 @@ def claim_one(http: httpx.Client, queue: str, **fields: Any) -> dict[str, Any]:
     tasks = claim(http, queue, **fields)
     assert len(tasks) == 1, tasks
     return tasks[0]
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    """time.monotonic() when it arrived"""
+    kind: str
+    """the event name, ":" for a comment, "closed" when the stream ended"""
+    id: str | None
+    data: str
+
+
+class Subscriber:
+    """Reads ``GET path`` as an event stream in a thread of its own; events
+    arrive in ``events`` with their arrival time. ``close()`` drops the
+    connection (within a keep-alive interval)."""
+
+    def __init__(self, server: LiveServer, key: str | None, path: str, headers: dict[str, str] | None = None):
+        self.events: queue.Queue[Event] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, key, path, headers), daemon=True)
+        self._thread.start()
+
+    def _run(self, server: LiveServer, key: str | None, path: str, headers: dict[str, str] | None) -> None:
+        try:
+            with server.http(key) as http, sse_events(http, path, headers=headers) as events:
+                for kind, event_id, data in events:
+                    self.events.put(Event(time.monotonic(), kind, event_id, data))
+                    if self._stop.is_set():
+                        return
+        except Exception as error:
+            self.events.put(Event(time.monotonic(), "error", None, repr(error)))
+        finally:
+            self.events.put(Event(time.monotonic(), "closed", None, ""))
+
+    def next(self, kind: str, timeout: float, data: str | None = None) -> Event:
+        """The next event of ``kind`` (and, for a comment, text ``data``),
+        skipping others; fails on the deadline or the end of the stream."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {kind!r} event within {timeout} s") from None
+            if event.kind == kind and (data is None or event.data == data):
+                return event
+            if event.kind in ("closed", "error"):
+                raise AssertionError(f"the stream ended before a {kind!r} event: {event}")
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the subscriber did not stop"

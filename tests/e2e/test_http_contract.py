@@ -169,3 +169,31 @@ def test_a_long_poll_claim_returns_when_work_arrives(server: LiveServer, http: h
     assert response.status_code == 200, response.text
     assert [t["task_id"] for t in response.json()["tasks"]] == [task_id]
     assert took < 10, f"woken by the enqueue, not by the end of wait_s ({took:.2f} s)"
+
+
+def test_a_list_submit_answers_each_item(http: httpx.Client, sql: psycopg.Connection[Any]) -> None:
+    for n in range(3):
+        enqueue(http, "batch", {"n": n})
+    leases = http.post("/v1/claim", json={"queue": "batch", "max_tasks": 3, "lease_s": 30}).json()["tasks"]
+    assert len(leases) == 3
+    age(sql, 31)
+    again = claim_one(http, "batch", lease_s=60)  # one of the three, claimed anew after its lease ran out
+    stale = next(lease for lease in leases if lease["task_id"] == again["task_id"])
+    fresh = [lease for lease in leases if lease is not stale]
+    items = [
+        {"lease_token": lease["lease_token"], "result": lease["row"]["payload"]} for lease in [*fresh, stale]
+    ]
+    answer = http.post("/v1/submit", json=items)
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [r["task_id"] for r in results] == [lease["task_id"] for lease in [*fresh, stale]]
+    # The two leases nobody took since are accepted (a lease that ran out may still complete);
+    # the one claimed anew is refused, and says by whom.
+    assert [r["outcome"] for r in results] == ["accepted", "accepted", "lease_lost"]
+    assert results[2]["state"] == "leased" and results[2]["current_fencing_token"] == again["fencing_token"]
+    repeat = http.post("/v1/submit", json=items[:2]).json()["results"]
+    assert [r["outcome"] for r in repeat] == ["replayed", "replayed"]
+    assert all(r["replayed"] for r in repeat)
+
+    problem(http.post("/v1/submit", json=[]), 422, "invalid_request")
+    problem(http.post("/v1/submit", json=[{"lease_token": "nonsense"}]), 400, "invalid_token")

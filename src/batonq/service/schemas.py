@@ -190,6 +190,35 @@ class SubmitOut(BaseModel):
         )
 
 
+class SubmitResultOut(BaseModel):
+    """One item of a list submit: ``outcome`` says whether it was taken."""
+
+    task_id: str
+    outcome: Literal["accepted", "replayed", "lease_lost", "finished"] = Field(
+        description="accepted; replayed (the same submit was accepted before); lease_lost or finished:"
+        " refused, another holder has the task or it is finished"
+    )
+    state: State
+    replayed: bool
+    fencing_token: int
+    current_fencing_token: int | None = Field(description="the task's newest token")
+
+    @classmethod
+    def of(cls, s: models.Submitted) -> SubmitResultOut:
+        return cls(
+            task_id=f"t_{s.task_id}",
+            outcome=cast(Literal["accepted", "replayed", "lease_lost", "finished"], s.outcome),
+            state=cast(State, s.state),
+            replayed=s.replayed,
+            fencing_token=s.fencing_token,
+            current_fencing_token=s.current_fencing_token,
+        )
+
+
+class SubmitManyOut(BaseModel):
+    results: list[SubmitResultOut] = Field(description="in the order of the request")
+
+
 class TaskOut(BaseModel):
     task_id: str
     queue: str

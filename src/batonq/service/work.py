@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Annotated
 
+from annotated_types import Len
 from fastapi import APIRouter, Depends, Header, Request
 
 from batonq.client import AsyncClient
@@ -112,18 +113,35 @@ async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) ->
 
 @router.post(
     "/submit",
-    response_model=s.SubmitOut,
-    summary="Complete a leased task with its result",
+    response_model=s.SubmitOut | s.SubmitManyOut,
+    summary="Complete a leased task with its result (an object), or many (a list)",
     responses={
         409: {"model": s.ErrorOut, "description": "lease no longer held; the error says the task's state"}
     },
 )
-async def submit(request: Request, body: s.SubmitIn, principal: Worker) -> s.SubmitOut:
-    """A repeat of an accepted submit returns the first outcome with `replayed: true`."""
+async def submit(
+    request: Request, body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, 1000)], principal: Worker
+) -> s.SubmitOut | s.SubmitManyOut:
+    """A repeat of an accepted submit returns the first outcome with `replayed: true`.
+
+    A list (up to 1,000) is submitted in one round trip and answers
+    `{"results": [...]}` in order, each with its `outcome`: a refused item
+    (`lease_lost`, `finished`) does not fail the others, nor the request."""
+    client, metrics = _client(request), _metrics(request)
+    if isinstance(body, list):
+        for item in body:
+            token_queue(principal, item.lease_token)
+        answers = await client.complete_many([(item.lease_token, item.result) for item in body])
+        for answer in answers:
+            if answer.accepted:
+                metrics.completions.labels(answer.queue, "replayed" if answer.replayed else "accepted").inc()
+            else:
+                metrics.refused.labels(answer.queue).inc()
+        return s.SubmitManyOut(results=[s.SubmitResultOut.of(answer) for answer in answers])
     queue = token_queue(principal, body.lease_token)
-    with _metrics(request).refusals(queue):
-        done = await _client(request).complete(body.lease_token, body.result)
-    _metrics(request).completions.labels(queue, "replayed" if done.replayed else "accepted").inc()
+    with metrics.refusals(queue):
+        done = await client.complete(body.lease_token, body.result)
+    metrics.completions.labels(queue, "replayed" if done.replayed else "accepted").inc()
     return s.SubmitOut.of(done)
 
 
