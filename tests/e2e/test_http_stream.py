@@ -54,10 +54,10 @@ def test_keep_alive_comments_and_last_event_id(server: LiveServer, http: httpx.C
     idle = Subscriber(server, server.admin_key, "/v1/stream?queue=sse:idle")
     try:
         ready = idle.next(":", timeout=10, data="ready")
-        first = idle.next(":", timeout=KEEPALIVE_S * 3, data="keep-alive")
-        second = idle.next(":", timeout=KEEPALIVE_S * 3, data="keep-alive")
+        first = idle.next(":", timeout=KEEPALIVE_S * 5, data="keep-alive")
+        second = idle.next(":", timeout=KEEPALIVE_S * 5, data="keep-alive")
         for gap in (first.at - ready.at, second.at - first.at):
-            assert KEEPALIVE_S * 0.5 < gap < KEEPALIVE_S * 2.5, gap
+            assert KEEPALIVE_S * 0.5 < gap < KEEPALIVE_S * 5, gap
     finally:
         idle.close()
 
