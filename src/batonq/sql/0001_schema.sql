@@ -85,8 +85,9 @@ CREATE INDEX tasks_claim_idx ON batonq.tasks (queue, priority DESC, run_at, id)
 -- Expired leases of one queue, oldest first (claim and sweeper).
 CREATE INDEX tasks_lease_idx ON batonq.tasks (queue, lease_expires_at)
     WHERE state = 'leased';
--- Operator views: tasks of a queue by state, newest first.
-CREATE INDEX tasks_state_idx ON batonq.tasks (queue, state, id DESC);
+-- No index by state: it would cost every claim and insert a write, and
+-- mislead the planner away from the primary key; listings by state read the
+-- one partition's primary key backwards instead.
 CREATE INDEX tasks_root_idx ON batonq.tasks (root_id);
 
 CREATE TABLE batonq.archive (

@@ -96,49 +96,58 @@ BEGIN
 END $$;
 
 -- Complete many leased tasks in one call: one reply per token, in order.
--- The live leases of each queue move in one set of statements; only the
--- rest (replays, refusals) go one by one.
+-- Tokens are parsed once; the live leases of each queue move in one set of
+-- statements, and only the rest (replays, refusals) go one by one.
 CREATE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_queue    text;
-    v_accepted bigint[] := '{}';
+    v_n        integer := coalesce(cardinality(p_lease_tokens), 0);
+    v_queues   text[];
     v_ids      bigint[];
-    v_joined   boolean;
+    v_fences   bigint[];
+    v_secrets  uuid[];
+    v_queue    text;
     v_limit    integer;
     v_bad      integer;
-    v_item     record;
-    v_reply    batonq.submit_reply;
+    v_moved    integer[];
+    v_moved_ids bigint[];
+    v_joined   boolean;
+    v_done     boolean[] := array_fill(false, ARRAY[coalesce(cardinality(p_lease_tokens), 0)]);
+    v_replies  batonq.submit_reply[] := '{}';
+    v_ord      integer;
 BEGIN
-    IF cardinality(p_results) > cardinality(p_lease_tokens) THEN
+    IF cardinality(p_results) > v_n THEN
         PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
     END IF;
-    FOR v_queue IN
-        SELECT DISTINCT (batonq._parse_token(tok)).queue FROM unnest(p_lease_tokens) AS u(tok)
-    LOOP
+    SELECT array_agg(t.queue ORDER BY t.ord), array_agg(t.task_id ORDER BY t.ord),
+           array_agg(t.fencing_token ORDER BY t.ord), array_agg(t.secret ORDER BY t.ord)
+      INTO v_queues, v_ids, v_fences, v_secrets
+      FROM batonq._parse_tokens(p_lease_tokens) t;
+
+    FOR v_queue IN SELECT DISTINCT q FROM unnest(v_queues) AS q LOOP
         v_limit := batonq._result_limit(v_queue);
         SELECT u.ord INTO v_bad
-          FROM unnest(p_lease_tokens, p_results) WITH ORDINALITY AS u(tok, res, ord)
-         WHERE octet_length(u.res::text) > v_limit AND u.tok LIKE v_queue || '/%'
+          FROM unnest(v_queues, p_results) WITH ORDINALITY AS u(q, res, ord)
+         WHERE u.q = v_queue AND octet_length(u.res::text) > v_limit
          LIMIT 1;
         IF v_bad IS NOT NULL THEN
             PERFORM batonq._check_size(format('result %s', v_bad), p_results[v_bad], v_limit);
         END IF;
         WITH input AS MATERIALIZED (
-            SELECT r.task_id, r.fencing_token, r.secret, u.res
-              FROM unnest(p_lease_tokens, p_results) AS u(tok, res),
-                   LATERAL batonq._parse_token(u.tok) r
-             WHERE r.queue = v_queue
+            SELECT u.ord, u.id, u.fence, u.secret, u.res
+              FROM unnest(v_queues, v_ids, v_fences, v_secrets, p_results) WITH ORDINALITY
+                   AS u(q, id, fence, secret, res, ord)
+             WHERE u.q = v_queue
         ), moved AS (
             DELETE FROM batonq.tasks t
              USING input i
-             WHERE t.queue = v_queue AND t.id = ANY (ARRAY(SELECT task_id FROM input))
-               AND t.id = i.task_id AND t.fencing_token = i.fencing_token
+             WHERE t.queue = v_queue AND t.id = ANY (ARRAY(SELECT id FROM input))
+               AND t.id = i.id AND t.fencing_token = i.fence
                AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
-            RETURNING t, i.res
+            RETURNING t, i.res, i.ord
         ), archived AS (
             INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', m.res)).* FROM moved m
         ), recorded AS (
@@ -146,32 +155,34 @@ BEGIN
             SELECT (m.t).id, (m.t).queue, (m.t).fencing_token, 'complete', 'accepted', 'done', m.res
               FROM moved m
         )
-        SELECT array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL) INTO v_ids, v_joined
+        SELECT array_agg(m.ord::integer), array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL)
+          INTO v_moved, v_moved_ids, v_joined
           FROM moved m;
-        IF v_joined OR (v_ids IS NOT NULL AND EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_queue)) THEN
-            PERFORM batonq._hand_off(v_queue, v_ids);
+        IF v_moved IS NOT NULL THEN
+            FOREACH v_ord IN ARRAY v_moved LOOP
+                v_done[v_ord] := true;
+            END LOOP;
+            -- The batons leave in the transaction that accepts the completions.
+            IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_queue) THEN
+                PERFORM batonq._hand_off(v_queue, v_moved_ids);
+            END IF;
         END IF;
-        v_accepted := v_accepted || coalesce(v_ids, '{}');
     END LOOP;
-    FOR v_item IN
-        SELECT u.ord::integer AS ord, u.tok, u.res, r.*
-          FROM unnest(p_lease_tokens, p_results) WITH ORDINALITY AS u(tok, res, ord),
-               LATERAL batonq._parse_token(u.tok) r
-         ORDER BY u.ord
-    LOOP
-        IF v_item.task_id = ANY (v_accepted) THEN
-            ord := v_item.ord; task_id := v_item.task_id; queue := v_item.queue;
-            outcome := 'accepted'; state := 'done';
-            fencing_token := v_item.fencing_token; current_fencing_token := v_item.fencing_token;
-        ELSE
-            v_reply := batonq._refuse(ROW(v_item.queue, v_item.task_id, v_item.fencing_token,
-                                          v_item.secret)::batonq.lease_ref, 'complete', v_item.res);
-            ord := v_item.ord; task_id := v_reply.task_id; queue := v_reply.queue;
-            outcome := v_reply.outcome; state := v_reply.state;
-            fencing_token := v_reply.fencing_token; current_fencing_token := v_reply.current_fencing_token;
-        END IF;
-        RETURN NEXT;
+
+    -- The rest: replays and refusals, each with its own answer.
+    FOR i IN 1 .. v_n LOOP
+        CONTINUE WHEN v_done[i];
+        v_replies[i] := batonq._refuse(ROW(v_queues[i], v_ids[i], v_fences[i], v_secrets[i])::batonq.lease_ref,
+                                       'complete', p_results[i]);
     END LOOP;
+
+    RETURN QUERY
+    SELECT i, v_ids[i], v_queues[i],
+           CASE WHEN v_done[i] THEN 'accepted' ELSE (v_replies[i]).outcome END,
+           CASE WHEN v_done[i] THEN 'done' ELSE (v_replies[i]).state END,
+           v_fences[i],
+           CASE WHEN v_done[i] THEN v_fences[i] ELSE (v_replies[i]).current_fencing_token END
+      FROM generate_series(1, v_n) AS i;
 END $$;
 
 -- Fail a leased task. requeue = false, or no attempts left: dead, in the
