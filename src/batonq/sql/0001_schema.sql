@@ -88,7 +88,12 @@ CREATE INDEX tasks_lease_idx ON batonq.tasks (queue, lease_expires_at)
 -- No index by state: it would cost every claim and insert a write, and
 -- mislead the planner away from the primary key; listings by state read the
 -- one partition's primary key backwards instead.
-CREATE INDEX tasks_root_idx ON batonq.tasks (root_id);
+-- Held and waiting tasks of a queue, for operator listings; claims never
+-- touch these rows, so the index costs the hot path nothing.
+CREATE INDEX tasks_parked_idx ON batonq.tasks (queue, id DESC) WHERE state IN ('held', 'waiting');
+-- The tasks of a run. A task without a parent is found by its id, so only
+-- children are indexed: plain tasks pay no write here.
+CREATE INDEX tasks_root_idx ON batonq.tasks (root_id) WHERE parent_id IS NOT NULL;
 
 CREATE TABLE batonq.archive (
     id               bigint NOT NULL,
@@ -120,9 +125,9 @@ CREATE TABLE batonq.archive (
 CREATE TABLE batonq.archive_default PARTITION OF batonq.archive DEFAULT;
 
 CREATE INDEX archive_id_idx ON batonq.archive (id);
+-- Listings and counts by queue and state, newest first.
 CREATE INDEX archive_queue_idx ON batonq.archive (queue, state, id DESC);
-CREATE INDEX archive_recent_idx ON batonq.archive (queue, id DESC);
-CREATE INDEX archive_root_idx ON batonq.archive (root_id);
+CREATE INDEX archive_root_idx ON batonq.archive (root_id) WHERE parent_id IS NOT NULL;
 CREATE INDEX archive_join_idx ON batonq.archive (join_task_id, fan_index) WHERE join_task_id IS NOT NULL;
 
 -- Idempotent enqueue: the first task to take (queue, key) keeps it for as

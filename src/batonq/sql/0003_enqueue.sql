@@ -68,14 +68,26 @@ BEGIN
     END IF;
 END $$;
 
+-- Whether a NOTIFY is worth sending for a new claimable task in p_queue:
+-- only when none was claimable before. A claimer waits only after finding
+-- the queue empty, so the enqueue that ends the emptiness wakes it; the
+-- ones after it would wake nobody, and a notifying transaction serialises
+-- its commit with every other notifying one (measured: it halves single
+-- enqueues at 8 connections). Checked before the insert, so it does not
+-- see its own task.
+CREATE FUNCTION batonq._nobody_claimable(p_queue text) RETURNS boolean
+LANGUAGE sql STABLE
+RETURN NOT EXISTS (SELECT FROM batonq.tasks t
+                    WHERE t.queue = p_queue AND t.state = 'pending' AND t.run_at <= now());
+
 CREATE TYPE batonq.enqueued AS (
     task_id bigint, queue text, created boolean, state text, run_at timestamptz
 );
 
 -- Enqueue one task. With an idempotency key, the first task to take the key
 -- in this queue is returned to every later caller (created = false) for as
--- long as it is retained. A NOTIFY wakes waiting claimers only when the task
--- is claimable now; PostgreSQL folds repeats in one transaction into one.
+-- long as it is retained. A NOTIFY wakes waiting claimers when the task is
+-- claimable now and none was before (see _nobody_claimable).
 CREATE FUNCTION batonq.enqueue(
     p_queue           text,
     p_payload         jsonb,
@@ -93,6 +105,7 @@ DECLARE
     v_id     bigint := nextval('batonq.task_id_seq');
     v_state  text := CASE WHEN p_held THEN 'held' ELSE 'pending' END;
     v_reply  batonq.enqueued;
+    v_notify boolean;
 BEGIN
     PERFORM batonq._check_enqueue_args(p_priority, p_delay_s, p_max_attempts);
     PERFORM batonq._check_size('payload', p_payload, v_queue.max_body_bytes);
@@ -112,13 +125,14 @@ BEGIN
             RETURN v_reply;
         END IF;
     END IF;
+    v_notify := v_state = 'pending' AND p_delay_s = 0 AND batonq._nobody_claimable(p_queue);
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
                               idempotency_key, parent_id, root_id)
     VALUES (v_id, p_queue, v_state, p_priority, now() + make_interval(secs => p_delay_s), p_payload,
             coalesce(p_max_attempts, v_queue.max_attempts), p_idempotency_key, p_parent_id,
             CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END)
     RETURNING id, queue, true, state, run_at INTO v_reply;
-    IF v_state = 'pending' AND p_delay_s = 0 THEN
+    IF v_notify THEN
         PERFORM pg_notify('batonq', p_queue);
     END IF;
     RETURN v_reply;
@@ -148,6 +162,7 @@ DECLARE
     v_state  text := CASE WHEN p_held THEN 'held' ELSE 'pending' END;
     v_root   bigint := CASE WHEN p_parent_id IS NOT NULL THEN batonq._root_of(p_parent_id) END;
     v_bad    integer;
+    v_notify boolean;
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -171,6 +186,9 @@ BEGIN
     END IF;
 
     v_ids := ARRAY(SELECT nextval('batonq.task_id_seq') FROM generate_series(1, v_n));
+    v_notify := v_state = 'pending'
+                AND EXISTS (SELECT FROM generate_series(1, v_n) g(i) WHERE coalesce(p_delays_s[g.i], 0) = 0)
+                AND batonq._nobody_claimable(p_queue);
 
     IF p_idempotency_keys IS NULL THEN
         RETURN QUERY
@@ -222,12 +240,8 @@ BEGIN
                               WHERE t.id IS NULL AND a.id = k.task_id LIMIT 1) a ON true
          ORDER BY i.ord;
     END IF;
-    IF v_state = 'pending' AND coalesce(cardinality(p_delays_s), 0) = 0 THEN
+    IF v_notify THEN
         PERFORM pg_notify('batonq', p_queue);
-    ELSIF v_state = 'pending' THEN
-        IF EXISTS (SELECT FROM generate_series(1, v_n) g(i) WHERE coalesce(p_delays_s[g.i], 0) = 0) THEN
-            PERFORM pg_notify('batonq', p_queue);
-        END IF;
     END IF;
 END $$;
 

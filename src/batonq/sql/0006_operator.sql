@@ -57,11 +57,22 @@ BEGIN
             AND t.id < coalesce(p_before_id, 9223372036854775807)
             AND coalesce(p_state, '') NOT IN ('done', 'dead', 'cancelled')
           ORDER BY t.id DESC LIMIT p_limit)
+        -- One index range per finished state, merged: each reads at most
+        -- p_limit entries of (queue, state, id DESC).
         UNION ALL
         (SELECT (batonq._archive_view(a)).* FROM batonq.archive a
-          WHERE a.queue = p_queue AND (p_state IS NULL OR a.state = p_state)
+          WHERE a.queue = p_queue AND a.state = 'done' AND coalesce(p_state, 'done') = 'done'
             AND a.id < coalesce(p_before_id, 9223372036854775807)
-            AND coalesce(p_state, 'done') IN ('done', 'dead', 'cancelled')
+          ORDER BY a.id DESC LIMIT p_limit)
+        UNION ALL
+        (SELECT (batonq._archive_view(a)).* FROM batonq.archive a
+          WHERE a.queue = p_queue AND a.state = 'dead' AND coalesce(p_state, 'dead') = 'dead'
+            AND a.id < coalesce(p_before_id, 9223372036854775807)
+          ORDER BY a.id DESC LIMIT p_limit)
+        UNION ALL
+        (SELECT (batonq._archive_view(a)).* FROM batonq.archive a
+          WHERE a.queue = p_queue AND a.state = 'cancelled' AND coalesce(p_state, 'cancelled') = 'cancelled'
+            AND a.id < coalesce(p_before_id, 9223372036854775807)
           ORDER BY a.id DESC LIMIT p_limit)
     ) v
     ORDER BY v.id DESC LIMIT p_limit;

@@ -162,6 +162,8 @@ DECLARE
     v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
     v_key   text := format('baton:%s:%s:%s', p_parent.id, p_edge.id, p_index);
     v_id    bigint := nextval('batonq.task_id_seq');
+    v_notify boolean := p_state = 'pending' AND p_edge.delay_s = 0
+                        AND batonq._nobody_claimable(p_edge.to_queue);
 BEGIN
     INSERT INTO batonq.idempotency_keys (queue, key, task_id) VALUES (p_edge.to_queue, v_key, v_id)
     ON CONFLICT (queue, key) DO NOTHING;
@@ -174,7 +176,7 @@ BEGIN
             now() + make_interval(secs => p_edge.delay_s), coalesce(p_payload, 'null'),
             v_queue.max_attempts, v_key, p_parent.id, p_parent.root_id, p_join_task_id,
             CASE WHEN p_join_task_id IS NOT NULL THEN p_index END);
-    IF p_state = 'pending' AND p_edge.delay_s = 0 THEN
+    IF v_notify THEN
         PERFORM pg_notify('batonq', p_edge.to_queue);
     END IF;
     RETURN v_id;
@@ -306,9 +308,11 @@ CREATE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_vie
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT v.* FROM (
-        SELECT (batonq._hot_view(t)).* FROM batonq.tasks t WHERE t.root_id = p_root_id
+        SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
+         WHERE t.id = p_root_id OR (t.root_id = p_root_id AND t.parent_id IS NOT NULL)
         UNION ALL
-        SELECT (batonq._archive_view(a)).* FROM batonq.archive a WHERE a.root_id = p_root_id
+        SELECT (batonq._archive_view(a)).* FROM batonq.archive a
+         WHERE a.id = p_root_id OR (a.root_id = p_root_id AND a.parent_id IS NOT NULL)
     ) v ORDER BY v.id;
 END;
 
@@ -335,7 +339,8 @@ BEGIN
             USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_root_id)::text;
     END IF;
     SELECT a.id, a.queue, a.last_error INTO v_dead
-      FROM batonq.archive a WHERE a.root_id = p_root_id AND a.state = 'dead'
+      FROM batonq.archive a
+     WHERE (a.id = p_root_id OR (a.root_id = p_root_id AND a.parent_id IS NOT NULL)) AND a.state = 'dead'
      -- The first to die; a join that died of its element ranks after it.
      ORDER BY a.finished_at, EXISTS (SELECT FROM batonq.joins j WHERE j.join_task_id = a.id), a.id
      LIMIT 1;
