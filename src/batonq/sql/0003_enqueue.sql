@@ -12,7 +12,8 @@ CREATE FUNCTION batonq.configure_queue(
     p_max_body_bytes integer DEFAULT NULL,
     p_paused         boolean DEFAULT NULL
 ) RETURNS batonq.queues
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_queue batonq.queues;
 BEGIN
@@ -74,11 +75,14 @@ END $$;
 -- ones after it would wake nobody, and a notifying transaction serialises
 -- its commit with every other notifying one (measured: it halves single
 -- enqueues at 8 connections). Checked before the insert, so it does not
--- see its own task.
+-- see its own task. PL/pgSQL, not SQL: a SQL function with a subquery is
+-- not inlined, and is planned anew (over 16 partitions) at every call.
 CREATE FUNCTION batonq._nobody_claimable(p_queue text) RETURNS boolean
-LANGUAGE sql STABLE
-RETURN NOT EXISTS (SELECT FROM batonq.tasks t
-                    WHERE t.queue = p_queue AND t.state = 'pending' AND t.run_at <= now());
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM batonq.tasks t
+                        WHERE t.queue = p_queue AND t.state = 'pending' AND t.run_at <= now());
+END $$;
 
 CREATE TYPE batonq.enqueued AS (
     task_id bigint, queue text, created boolean, state text, run_at timestamptz
@@ -98,7 +102,8 @@ CREATE FUNCTION batonq.enqueue(
     p_held            boolean DEFAULT false,
     p_parent_id       bigint DEFAULT NULL
 ) RETURNS batonq.enqueued
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_queue  batonq.queues := batonq._queue(p_queue, true);
@@ -153,7 +158,8 @@ CREATE FUNCTION batonq.enqueue_many(
     p_held             boolean DEFAULT false,
     p_parent_id        bigint DEFAULT NULL
 ) RETURNS TABLE (ord integer, task_id bigint, queue text, created boolean, state text, run_at timestamptz)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_queue  batonq.queues := batonq._queue(p_queue, true);

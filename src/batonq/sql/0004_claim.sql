@@ -5,7 +5,8 @@
 -- nobody claims it first), else to the archive as dead. Every statement names
 -- the queue, so it reads one partition's small partial index.
 CREATE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ids    bigint[];
@@ -74,7 +75,8 @@ CREATE FUNCTION batonq.claim(
     p_max_tasks integer DEFAULT 1,
     p_lease_s   integer DEFAULT NULL
 ) RETURNS SETOF batonq.lease
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_queue   batonq.queues;
@@ -133,7 +135,8 @@ END $$;
 -- Expire the leases of every queue that has expired ones: for queues nobody
 -- is claiming from. Returns how many tasks it touched.
 CREATE FUNCTION batonq.sweep() RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_queue text;
     v_total integer := 0;

@@ -55,14 +55,19 @@ BEGIN
                v_state, p_ref.fencing_token, v_token, NULL, NULL)::batonq.submit_reply;
 END $$;
 
+-- PL/pgSQL, not SQL: its plan is cached (a SQL function with a subquery is
+-- planned at every call).
 CREATE FUNCTION batonq._result_limit(p_queue text) RETURNS integer
-LANGUAGE sql STABLE
-RETURN coalesce((SELECT max_body_bytes FROM batonq.queues WHERE name = p_queue), 131072);
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN coalesce((SELECT max_body_bytes FROM batonq.queues WHERE name = p_queue), 131072);
+END $$;
 
 -- Complete a leased task with its result: it moves to the archive as done.
 CREATE FUNCTION batonq.complete(p_lease_token text, p_result jsonb DEFAULT NULL)
 RETURNS batonq.submit_reply
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ref    batonq.lease_ref := batonq._parse_token(p_lease_token);
@@ -97,11 +102,15 @@ END $$;
 
 -- Complete many leased tasks in one call: one reply per token, in order.
 -- Tokens are parsed once; the live leases of each queue move in one set of
--- statements, and only the rest (replays, refusals) go one by one.
+-- statements, and only the rest (replays, refusals) go one by one. Unlike
+-- the other functions it may plan for its arguments (plan_cache_mode auto):
+-- a batch pays for one plan, and a generic DELETE on the partitioned table
+-- opens all 16 partitions.
 CREATE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = auto AS $$
 #variable_conflict use_column
 DECLARE
     v_n        integer := coalesce(cardinality(p_lease_tokens), 0);
@@ -195,7 +204,8 @@ CREATE FUNCTION batonq.fail(
     p_retry_delay_s double precision DEFAULT NULL,
     p_requeue       boolean DEFAULT true
 ) RETURNS batonq.submit_reply
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ref   batonq.lease_ref := batonq._parse_token(p_lease_token);
@@ -253,7 +263,8 @@ CREATE FUNCTION batonq.heartbeat(
     p_lease_s     integer DEFAULT NULL,
     p_stage       text DEFAULT NULL
 ) RETURNS batonq.submit_reply
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ref     batonq.lease_ref := batonq._parse_token(p_lease_token);
@@ -282,7 +293,8 @@ END $$;
 -- Give a lease back unfinished (a worker shutting down): the task is
 -- claimable at once and the attempt is not counted.
 CREATE FUNCTION batonq.release_lease(p_lease_token text) RETURNS batonq.submit_reply
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ref batonq.lease_ref := batonq._parse_token(p_lease_token);

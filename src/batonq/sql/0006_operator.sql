@@ -16,7 +16,8 @@ RETURN ROW(a.id, a.queue, a.state, a.priority, a.run_at, a.created_at, a.payload
 
 -- One task by id, hot or archived, with its attempt history (errors).
 CREATE FUNCTION batonq.get_task(p_task_id bigint) RETURNS batonq.task_view
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_task batonq.task_view;
 BEGIN
@@ -39,7 +40,8 @@ CREATE FUNCTION batonq.list_tasks(
     p_limit     integer DEFAULT 50,
     p_before_id bigint DEFAULT NULL
 ) RETURNS SETOF batonq.task_view
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     PERFORM batonq._check_queue_name(p_queue);
     IF p_state IS NOT NULL AND p_state NOT IN
@@ -85,6 +87,7 @@ RETURNS TABLE (queue text, paused boolean, waiting bigint, held bigint, pending 
                scheduled bigint, leased bigint, done bigint, dead bigint, cancelled bigint,
                oldest_pending_age_s double precision)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 BEGIN ATOMIC
     SELECT q.name, q.paused,
            coalesce(h.waiting, 0), coalesce(h.held, 0), coalesce(h.pending, 0),
@@ -115,6 +118,7 @@ END;
 
 CREATE FUNCTION batonq.list_queues() RETURNS SETOF batonq.queues
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 BEGIN ATOMIC
     SELECT * FROM batonq.queues ORDER BY name;
 END;
@@ -140,7 +144,8 @@ RETURN coalesce((SELECT state FROM batonq.tasks WHERE id = p_task_id),
 -- Operator: run a dead or cancelled task again, from attempt 0. Its history
 -- (errors) is kept.
 CREATE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN
@@ -165,7 +170,8 @@ END $$;
 
 -- Operator: cancel an unfinished task. A holder's later complete is refused.
 CREATE FUNCTION batonq.cancel_task(p_task_id bigint) RETURNS batonq.task_view
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_task batonq.archive;
 BEGIN
@@ -185,7 +191,8 @@ END $$;
 
 -- Operator: keep a pending task back until released.
 CREATE FUNCTION batonq.hold_task(p_task_id bigint) RETURNS batonq.task_view
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN
@@ -199,7 +206,8 @@ END $$;
 
 -- Operator: make a held task claimable.
 CREATE FUNCTION batonq.release_task(p_task_id bigint) RETURNS batonq.task_view
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN

@@ -5,7 +5,8 @@
 -- partition is skipped: those rows stay there until retention deletes them.
 CREATE FUNCTION batonq.ensure_partitions(p_from date DEFAULT NULL, p_days integer DEFAULT 4)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_from    date := coalesce(p_from, (now() AT TIME ZONE 'UTC')::date - 1);
     v_day     date;
@@ -37,7 +38,8 @@ END $$;
 -- the longest retention are dropped; queues that keep less lose their older
 -- rows by DELETE, p_batch at a time. Returns what it removed.
 CREATE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_keep_s     integer := coalesce((SELECT max(retention_s) FROM batonq.queues), 604800);
     v_cutoff     date := ((now() - make_interval(secs => v_keep_s)) AT TIME ZONE 'UTC')::date;
@@ -90,7 +92,8 @@ END $$;
 
 -- What the sweeper runs every minute or so.
 CREATE FUNCTION batonq.maintain() RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     RETURN jsonb_build_object('partitions_created', batonq.ensure_partitions())
            || batonq.run_retention();

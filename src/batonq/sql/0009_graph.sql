@@ -86,7 +86,8 @@ CREATE FUNCTION batonq.add_edge(
     p_priority     integer DEFAULT NULL,
     p_delay_s      double precision DEFAULT 0
 ) RETURNS batonq.edge
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_cycle text[];
     v_edge  batonq.edges;
@@ -137,7 +138,8 @@ END $$;
 
 -- Remove an edge: no new batons along it; tasks already handed on go on.
 CREATE FUNCTION batonq.remove_edge(p_from_queue text, p_to_queue text) RETURNS boolean
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     DELETE FROM batonq.edges WHERE from_queue = p_from_queue AND to_queue = p_to_queue;
     RETURN FOUND;
@@ -145,6 +147,7 @@ END $$;
 
 CREATE FUNCTION batonq.list_edges() RETURNS SETOF batonq.edge
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 BEGIN ATOMIC
     SELECT from_queue, to_queue, map, fan_out, when_pointer, when_equals, when_present,
            is_join, partial, priority, delay_s
@@ -306,6 +309,7 @@ END $$;
 -- Every task of a run (the tree under one root), oldest first.
 CREATE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_view
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 BEGIN ATOMIC
     SELECT v.* FROM (
         SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
@@ -324,7 +328,8 @@ CREATE TYPE batonq.run_status AS (
 -- A run's status, derived: failed (at the task that died first, with its error),
 -- running (something unfinished), or done.
 CREATE FUNCTION batonq.run_status(p_root_id bigint) RETURNS batonq.run_status
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_status batonq.run_status;
     v_dead   record;

@@ -29,7 +29,8 @@ RETURN ROW(k.id, k.name, k.ring, k.queues, k.created_at, k.last_used_at, k.revok
 -- Make a key; the only time its secret is seen.
 CREATE FUNCTION batonq.create_key(p_ring integer, p_queues text[] DEFAULT '{*}', p_name text DEFAULT '')
 RETURNS TABLE (key text, id bigint, name text, ring smallint, queues text[])
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_secret text := replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
@@ -54,7 +55,8 @@ END $$;
 -- at most once a minute, so checking costs no write per request.
 CREATE FUNCTION batonq.key_for_auth(p_id bigint)
 RETURNS TABLE (secret_hash bytea, ring smallint, queues text[], revoked boolean)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 BEGIN
     UPDATE batonq.api_keys SET last_used_at = now()
@@ -66,12 +68,14 @@ END $$;
 
 CREATE FUNCTION batonq.list_keys() RETURNS SETOF batonq.api_key
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 BEGIN ATOMIC
     SELECT (batonq._key_view(k)).* FROM batonq.api_keys k ORDER BY k.id;
 END;
 
 CREATE FUNCTION batonq.revoke_key(p_id bigint) RETURNS batonq.api_key
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_key batonq.api_keys;
 BEGIN
@@ -88,7 +92,8 @@ END $$;
 -- The table lock makes two services starting at once print one key.
 CREATE FUNCTION batonq.create_first_key()
 RETURNS TABLE (key text, id bigint, name text, ring smallint, queues text[])
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan AS $$
 BEGIN
     LOCK TABLE batonq.api_keys IN EXCLUSIVE MODE;
     IF NOT EXISTS (SELECT FROM batonq.api_keys) THEN
