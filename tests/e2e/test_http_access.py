@@ -250,3 +250,32 @@ def test_no_key_at_all(shared_server: LiveServer) -> None:
         error = problem(anonymous.get("/v1/queues"), 401, "unauthorized")
         assert "Bearer" in error["message"]
         assert anonymous.get("/v1/queues").headers["www-authenticate"] == "Bearer"
+
+
+def test_a_run_shows_where_it_failed_only_within_scope(
+    shared_http: httpx.Client, shared_server: LiveServer
+) -> None:
+    """A run that died in a queue the key does not cover says failed, but not
+    where or why."""
+    admin = shared_http
+    root = enqueue(admin, "scope:plan", {"n": 1})
+    lease = claim_one(admin, "scope:plan")
+    child = admin.post("/v1/enqueue", json={"queue": "hidden:step", "payload": 2, "parent": root}).json()
+    assert (
+        admin.post("/v1/submit", json={"lease_token": lease["lease_token"], "result": 1}).status_code == 200
+    )
+    step = claim_one(admin, "hidden:step")
+    failed = admin.post("/v1/fail", json={"lease_token": step["lease_token"], "error": "secret reason",
+                                          "requeue": False})  # fmt: skip
+    assert failed.status_code == 200, failed.text
+    _, key = new_key(admin, OBSERVER, ["scope:*"])
+    with shared_server.http(key) as scoped:
+        run = scoped.get(f"/v1/runs/{root}").json()
+        detail = scoped.get(f"/v1/tasks/{root}").json()
+    assert run["status"] == "failed"
+    assert (run["failed_task_id"], run["failed_queue"], run["error"]) == (None, None, None)
+    assert detail["run"] == run
+    assert [t["task_id"] for t in detail["lineage"]] == [root]
+    full = admin.get(f"/v1/runs/{root}").json()
+    assert (full["failed_task_id"], full["failed_queue"], full["error"]) == (child["task_id"], "hidden:step",
+                                                                            "secret reason")  # fmt: skip

@@ -83,7 +83,7 @@ async def task(request: Request, task_id: TaskId, principal: Observer) -> s.Task
     lineage = await client.run_tasks(found.root_id)
     return s.TaskDetailOut(
         **s.TaskOut.of(found).model_dump(),
-        run=s.RunOut.of(run),
+        run=s.RunOut.of(run, principal.covers),
         lineage=[s.TaskOut.of(t) for t in lineage[:LINEAGE_LIMIT] if principal.covers(t.queue)],
     )
 
@@ -92,7 +92,7 @@ async def task(request: Request, task_id: TaskId, principal: Observer) -> s.Task
 async def run(request: Request, root_id: TaskId, principal: Observer) -> s.RunOut:
     client = _client(request)
     root = await visible_task(client, principal, root_id)
-    return s.RunOut.of(await client.run_status(root.root_id))
+    return s.RunOut.of(await client.run_status(root.root_id), principal.covers)
 
 
 @router.get("/graph", response_model=s.GraphOut, summary="The queue graph's edges")

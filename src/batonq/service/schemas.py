@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal, cast
 
@@ -273,11 +274,15 @@ class RunOut(BaseModel):
     error: str | None
 
     @classmethod
-    def of(cls, r: models.RunStatus) -> RunOut:
+    def of(cls, r: models.RunStatus, covers: Callable[[str], bool]) -> RunOut:
+        """The run as a key sees it: where and why it failed only if the key
+        covers the failed task's queue."""
+        shown = r.failed_queue is not None and covers(r.failed_queue)
         return cls(
             root_id=f"t_{r.root_id}", status=cast(RunState, r.status), tasks=r.tasks, unfinished=r.unfinished,
-            done=r.done, dead=r.dead, cancelled=r.cancelled, failed_task_id=tid(r.failed_task_id),
-            failed_queue=r.failed_queue, error=r.error,
+            done=r.done, dead=r.dead, cancelled=r.cancelled,
+            failed_task_id=tid(r.failed_task_id) if shown else None,
+            failed_queue=r.failed_queue if shown else None, error=r.error if shown else None,
         )  # fmt: skip
 
 
