@@ -53,3 +53,12 @@ def test_readme_worker_is_the_tested_example() -> None:
     example = (ROOT / "examples" / "worker_quickstart.py").read_text(encoding="utf-8")
     code = example.split('"""', 2)[2].lstrip("\n")
     assert code in python_blocks("README.md")
+
+
+def test_readme_curl_session_is_the_tested_one() -> None:
+    """The README's curl session is docs/http.md's, which tests/e2e runs."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    http = (ROOT / "docs" / "http.md").read_text(encoding="utf-8")
+    sessions = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL) if "/v1/submit" in b]
+    assert len(sessions) == 1
+    assert sessions[0] in http
