@@ -22,18 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BATONQ = str(Path(sys.executable).with_name("batonq"))
 
 
-def eventually(check: Callable[[], T | None], *, timeout: float, what: str = "", every: float = 0.05) -> T:
-    """Call ``check`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout} s: {what or check}")
-        time.sleep(every)
-
-
 async def eventually_async(
     check: Callable[[], Awaitable[T | None]], *, timeout: float, what: str = "", every: float = 0.05
 ) -> T:

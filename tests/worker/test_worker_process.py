@@ -15,7 +15,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from tests.worker.support import ROOT, WorkerProcess, eventually, leased, states
+from tests.waiting import wait_for as eventually
+from tests.worker.support import ROOT, WorkerProcess, leased, states
 
 import batonq
 

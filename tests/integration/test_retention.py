@@ -1,0 +1,85 @@
+"""Retention: finished tasks older than their queue's retention go, whole day
+partitions at a time where every queue agrees, row by row otherwise; keys and
+ledger rows go with them, and nothing live is touched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+import batonq
+
+
+def finish_days_ago(sql: psycopg.Connection[Any], task_id: int, days: int) -> None:
+    """Move a finished task (and its ledger rows) ``days`` back in time."""
+    sql.execute("SELECT batonq.ensure_partitions((now() AT TIME ZONE 'UTC')::date - %s, 1)", (days,))
+    sql.execute(
+        """WITH moved AS (DELETE FROM batonq.archive WHERE id = %(id)s RETURNING *)
+           INSERT INTO batonq.archive SELECT id, queue, state, priority, run_at, created_at, payload,
+                  attempts, max_attempts, idempotency_key, parent_id, root_id, fencing_token, claimed_at,
+                  worker, stage, last_error, errors, join_task_id, fan_index, result,
+                  finished_at - make_interval(days => %(d)s) FROM moved""",
+        {"id": task_id, "d": days},
+    )
+    sql.execute(
+        """WITH moved AS (DELETE FROM batonq.submits WHERE task_id = %(id)s RETURNING *)
+           INSERT INTO batonq.submits SELECT task_id, queue, fencing_token, kind, outcome, state_after,
+                  body, at - make_interval(days => %(d)s) FROM moved""",
+        {"id": task_id, "d": days},
+    )
+    sql.execute(
+        "UPDATE batonq.idempotency_keys SET created_at = created_at - make_interval(days => %s)"
+        " WHERE task_id = %s",
+        (days, task_id),
+    )
+
+
+def done(client: batonq.Client, queue: str, key: str) -> int:
+    task = client.enqueue(queue, {"k": key}, key=key)
+    [lease] = client.claim(queue)
+    client.complete(lease.lease_token, "ok")
+    return task.task_id
+
+
+def partitions(sql: psycopg.Connection[Any]) -> set[str]:
+    rows = sql.execute(
+        """SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'batonq.archive'::regclass"""
+    ).fetchall()
+    return {name for (name,) in rows}
+
+
+def test_retention_drops_old_days_and_keeps_the_rest(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    admin.configure_queue("short", retention_s=86400)  # one day
+    admin.configure_queue("long", retention_s=30 * 86400)  # thirty days
+    old_short = done(client, "short", "a")
+    new_short = done(client, "short", "b")
+    old_long = done(client, "long", "c")
+    ancient = done(client, "long", "d")
+    live = client.enqueue("short", "still pending", key="e")
+    finish_days_ago(sql, old_short, 3)
+    finish_days_ago(sql, old_long, 3)
+    finish_days_ago(sql, ancient, 40)
+    (old_day,) = sql.execute(
+        "SELECT 'archive_' || to_char((now() AT TIME ZONE 'UTC')::date - 40, 'YYYYMMDD')"
+    ).fetchone() or ("",)
+    assert old_day in partitions(sql)
+
+    report = client.maintain()
+
+    assert report["partitions_dropped"] >= 2  # the 40-day-old archive and submits days
+    remaining = {t for (t,) in sql.execute("SELECT id FROM batonq.archive").fetchall()}
+    # short keeps a day: its 3-day-old task goes row by row; long keeps 30 days.
+    assert remaining == {new_short, old_long}
+    assert old_day not in partitions(sql) and "archive_default" in partitions(sql)
+    assert client.task(live.task_id).state == "pending"
+    keys = {k for (k,) in sql.execute("SELECT key FROM batonq.idempotency_keys").fetchall()}
+    assert keys == {"b", "c", "e"}
+    ledger = {t for (t,) in sql.execute("SELECT DISTINCT task_id FROM batonq.submits").fetchall()}
+    assert ledger == {new_short, old_long}
+    # A retained key still answers with its task; a dropped one is free again.
+    assert not client.enqueue("long", 1, key="c").created
+    assert client.enqueue("short", 1, key="a").created
