@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytestmark = pytest.mark.smoke
@@ -40,3 +44,37 @@ def test_embedded_default_runs_and_keeps_data(tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == "False"
+
+
+def test_readme_serve_command_on_the_embedded_database(tmp_path: Path) -> None:
+    """`batonq serve` with no database configured: it starts its own
+    PostgreSQL, prints an admin key once, and answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"BATONQ_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "batonq", "serve", "--port", str(port)], env=env, stdout=out, stderr=out
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        keys = re.findall(r"bq_\d+_[0-9a-f]{64}", log.read_text())
+        assert len(keys) == 1
+        headers = {"Authorization": f"Bearer {keys[0]}"}
+        made = httpx.post(f"http://127.0.0.1:{port}/v1/enqueue", headers=headers,
+                          json={"queue": "hello", "payload": {"name": "world"}})  # fmt: skip
+        assert made.status_code == 200 and made.json()["created"] is True
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
