@@ -1,0 +1,37 @@
+"""Procrastinate: an App with one async no-op task, and a batch enqueuer.
+
+procrastinate --app procrastinate_noop.app worker -c 10 --one-shot  # $BENCH_DSN
+python procrastinate_noop.py enqueue N BATCH
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import procrastinate
+
+QUEUE = "bench_workers"
+
+app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=os.environ.get("BENCH_DSN", "")))
+
+
+@app.task(name="noop", queue=QUEUE)
+async def noop() -> None:
+    return None
+
+
+async def enqueue(n: int, batch: int) -> None:
+    async with app.open_async():
+        done = 0
+        while done < n:
+            size = min(batch, n - done)
+            await noop.batch_defer_async(*({} for _ in range(size)))
+            done += size
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4 or sys.argv[1] != "enqueue":
+        sys.exit(__doc__)
+    asyncio.run(enqueue(int(sys.argv[2]), int(sys.argv[3])))
