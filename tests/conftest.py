@@ -69,15 +69,25 @@ def template_db(server_dsn: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@contextlib.contextmanager
+def scratch_database(server_dsn: str, prefix: str, template: str | None = None) -> Iterator[str]:
+    """A new database (a copy of ``template``, if given), dropped afterwards; yields its DSN."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"{copy}')
+    try:
+        yield with_db(server_dsn, name)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
 def admin_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
     """A fresh migrated database, as its owner (a superuser)."""
-    name = f"batonq_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield with_db(server_dsn, name)
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(server_dsn, "batonq_t", template_db) as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
-from tests.conftest import age, with_db
+from tests.conftest import age, scratch_database
 
 import batonq
 from batonq.cli import main
@@ -34,12 +33,8 @@ def run(admin_dsn: str) -> Run:
 @pytest.fixture
 def empty_dsn(server_dsn: str) -> Iterator[str]:
     """A database without the batonq schema."""
-    name = f"batonq_e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield with_db(server_dsn, name)
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(server_dsn, "batonq_e") as dsn:
+        yield dsn
 
 
 def lines(result: Result) -> list[dict[str, Any]]:

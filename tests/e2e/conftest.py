@@ -3,13 +3,11 @@ loopback, on a fresh database, driven with httpx."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 
 import httpx
-import psycopg
 import pytest
-from tests.conftest import with_db
+from tests.conftest import scratch_database
 from tests.e2e.live import LiveServer
 
 KEEPALIVE_S = 1.0
@@ -50,12 +48,8 @@ def http(server: LiveServer) -> Iterator[httpx.Client]:
 @pytest.fixture(scope="module")
 def module_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
     """A fresh migrated database shared by one module's tests."""
-    name = f"batonq_e2e_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-    yield with_db(server_dsn, name)
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(server_dsn, "batonq_e2e", template_db) as dsn:
+        yield dsn
 
 
 @pytest.fixture(scope="module")
