@@ -134,7 +134,9 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="a server's maintenance database")
     parser.add_argument("--rate", type=float, default=100.0, help="tasks per second (default 100)")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per run (default 10)")
@@ -152,7 +154,8 @@ def main() -> int:
             for system, measure in (("raw", run_raw), ("batonq", run_batonq)):
                 got = summary(measure(dsn, args.rate, args.seconds))
                 results[system].append(got)
-                print(f"run {run + 1} {system}: p50 {got['p50_ms']:.2f} ms, p99 {got['p99_ms']:.2f} ms (n={got['n']})")
+                p50, p99, n = got["p50_ms"], got["p99_ms"], got["n"]
+                print(f"run {run + 1} {system}: p50 {p50:.2f} ms, p99 {p99:.2f} ms (n={n:.0f})")
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -162,7 +165,9 @@ def main() -> int:
         print(f"{key}: batonq {b:.2f} ms, raw {r:.2f} ms, ratio {b / r:.2f}")
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    (args.out / f"latency-{stamp}.json").write_text(json.dumps({"rate": args.rate, "seconds": args.seconds, **results}, indent=2))
+    (args.out / f"latency-{stamp}.json").write_text(
+        json.dumps({"rate": args.rate, "seconds": args.seconds, **results}, indent=2)
+    )
     return 0
 
 
