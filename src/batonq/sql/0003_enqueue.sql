@@ -13,7 +13,7 @@ CREATE FUNCTION batonq.configure_queue(
     p_paused         boolean DEFAULT NULL
 ) RETURNS batonq.queues
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_queue batonq.queues;
 BEGIN
@@ -103,7 +103,7 @@ CREATE FUNCTION batonq.enqueue(
     p_parent_id       bigint DEFAULT NULL
 ) RETURNS batonq.enqueued
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_queue  batonq.queues := batonq._queue(p_queue, true);
@@ -159,7 +159,7 @@ CREATE FUNCTION batonq.enqueue_many(
     p_parent_id        bigint DEFAULT NULL
 ) RETURNS TABLE (ord integer, task_id bigint, queue text, created boolean, state text, run_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_queue  batonq.queues := batonq._queue(p_queue, true);

@@ -6,7 +6,7 @@
 -- the queue, so it reads one partition's small partial index.
 CREATE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_ids    bigint[];
@@ -76,7 +76,7 @@ CREATE FUNCTION batonq.claim(
     p_lease_s   integer DEFAULT NULL
 ) RETURNS SETOF batonq.lease
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_queue   batonq.queues;
@@ -136,7 +136,7 @@ END $$;
 -- is claiming from. Returns how many tasks it touched.
 CREATE FUNCTION batonq.sweep() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_queue text;
     v_total integer := 0;

@@ -67,7 +67,7 @@ END $$;
 CREATE FUNCTION batonq.complete(p_lease_token text, p_result jsonb DEFAULT NULL)
 RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_ref    batonq.lease_ref := batonq._parse_token(p_lease_token);
@@ -110,7 +110,7 @@ CREATE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DE
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = auto AS $$
+SET plan_cache_mode = auto SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_n        integer := coalesce(cardinality(p_lease_tokens), 0);
@@ -205,7 +205,7 @@ CREATE FUNCTION batonq.fail(
     p_requeue       boolean DEFAULT true
 ) RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_ref   batonq.lease_ref := batonq._parse_token(p_lease_token);
@@ -264,7 +264,7 @@ CREATE FUNCTION batonq.heartbeat(
     p_stage       text DEFAULT NULL
 ) RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_ref     batonq.lease_ref := batonq._parse_token(p_lease_token);
@@ -294,7 +294,7 @@ END $$;
 -- claimable at once and the attempt is not counted.
 CREATE FUNCTION batonq.release_lease(p_lease_token text) RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_ref batonq.lease_ref := batonq._parse_token(p_lease_token);

@@ -17,7 +17,7 @@ RETURN ROW(a.id, a.queue, a.state, a.priority, a.run_at, a.created_at, a.payload
 -- One task by id, hot or archived, with its attempt history (errors).
 CREATE FUNCTION batonq.get_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_task batonq.task_view;
 BEGIN
@@ -41,7 +41,7 @@ CREATE FUNCTION batonq.list_tasks(
     p_before_id bigint DEFAULT NULL
 ) RETURNS SETOF batonq.task_view
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 BEGIN
     PERFORM batonq._check_queue_name(p_queue);
     IF p_state IS NOT NULL AND p_state NOT IN
@@ -87,7 +87,7 @@ RETURNS TABLE (queue text, paused boolean, waiting bigint, held bigint, pending 
                scheduled bigint, leased bigint, done bigint, dead bigint, cancelled bigint,
                oldest_pending_age_s double precision)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
     SELECT q.name, q.paused,
            coalesce(h.waiting, 0), coalesce(h.held, 0), coalesce(h.pending, 0),
@@ -118,7 +118,7 @@ END;
 
 CREATE FUNCTION batonq.list_queues() RETURNS SETOF batonq.queues
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
     SELECT * FROM batonq.queues ORDER BY name;
 END;
@@ -145,7 +145,7 @@ RETURN coalesce((SELECT state FROM batonq.tasks WHERE id = p_task_id),
 -- (errors) is kept.
 CREATE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN
@@ -171,7 +171,7 @@ END $$;
 -- Operator: cancel an unfinished task. A holder's later complete is refused.
 CREATE FUNCTION batonq.cancel_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_task batonq.archive;
 BEGIN
@@ -192,7 +192,7 @@ END $$;
 -- Operator: keep a pending task back until released.
 CREATE FUNCTION batonq.hold_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN
@@ -207,7 +207,7 @@ END $$;
 -- Operator: make a held task claimable.
 CREATE FUNCTION batonq.release_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN

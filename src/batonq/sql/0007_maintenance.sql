@@ -6,7 +6,7 @@
 CREATE FUNCTION batonq.ensure_partitions(p_from date DEFAULT NULL, p_days integer DEFAULT 4)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_from    date := coalesce(p_from, (now() AT TIME ZONE 'UTC')::date - 1);
     v_day     date;
@@ -39,7 +39,7 @@ END $$;
 -- rows by DELETE, p_batch at a time. Returns what it removed.
 CREATE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_keep_s     integer := coalesce((SELECT max(retention_s) FROM batonq.queues), 604800);
     v_cutoff     date := ((now() - make_interval(secs => v_keep_s)) AT TIME ZONE 'UTC')::date;
@@ -93,7 +93,7 @@ END $$;
 -- What the sweeper runs every minute or so.
 CREATE FUNCTION batonq.maintain() RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 BEGIN
     RETURN jsonb_build_object('partitions_created', batonq.ensure_partitions())
            || batonq.run_retention();

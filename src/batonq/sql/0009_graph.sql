@@ -87,7 +87,7 @@ CREATE FUNCTION batonq.add_edge(
     p_delay_s      double precision DEFAULT 0
 ) RETURNS batonq.edge
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_cycle text[];
     v_edge  batonq.edges;
@@ -139,7 +139,7 @@ END $$;
 -- Remove an edge: no new batons along it; tasks already handed on go on.
 CREATE FUNCTION batonq.remove_edge(p_from_queue text, p_to_queue text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 BEGIN
     DELETE FROM batonq.edges WHERE from_queue = p_from_queue AND to_queue = p_to_queue;
     RETURN FOUND;
@@ -147,7 +147,7 @@ END $$;
 
 CREATE FUNCTION batonq.list_edges() RETURNS SETOF batonq.edge
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
     SELECT from_queue, to_queue, map, fan_out, when_pointer, when_equals, when_present,
            is_join, partial, priority, delay_s
@@ -309,7 +309,7 @@ END $$;
 -- Every task of a run (the tree under one root), oldest first.
 CREATE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_view
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
     SELECT v.* FROM (
         SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
@@ -329,7 +329,7 @@ CREATE TYPE batonq.run_status AS (
 -- running (something unfinished), or done.
 CREATE FUNCTION batonq.run_status(p_root_id bigint) RETURNS batonq.run_status
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_status batonq.run_status;
     v_dead   record;

@@ -30,7 +30,7 @@ RETURN ROW(k.id, k.name, k.ring, k.queues, k.created_at, k.last_used_at, k.revok
 CREATE FUNCTION batonq.create_key(p_ring integer, p_queues text[] DEFAULT '{*}', p_name text DEFAULT '')
 RETURNS TABLE (key text, id bigint, name text, ring smallint, queues text[])
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_secret text := replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '');
@@ -56,7 +56,7 @@ END $$;
 CREATE FUNCTION batonq.key_for_auth(p_id bigint)
 RETURNS TABLE (secret_hash bytea, ring smallint, queues text[], revoked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
     UPDATE batonq.api_keys SET last_used_at = now()
@@ -68,14 +68,14 @@ END $$;
 
 CREATE FUNCTION batonq.list_keys() RETURNS SETOF batonq.api_key
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
+SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
     SELECT (batonq._key_view(k)).* FROM batonq.api_keys k ORDER BY k.id;
 END;
 
 CREATE FUNCTION batonq.revoke_key(p_id bigint) RETURNS batonq.api_key
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_key batonq.api_keys;
 BEGIN
@@ -93,7 +93,7 @@ END $$;
 CREATE FUNCTION batonq.create_first_key()
 RETURNS TABLE (key text, id bigint, name text, ring smallint, queues text[])
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan AS $$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 BEGIN
     LOCK TABLE batonq.api_keys IN EXCLUSIVE MODE;
     IF NOT EXISTS (SELECT FROM batonq.api_keys) THEN
