@@ -179,9 +179,6 @@ class RunStatus:
     error: str | None
 
 
-RINGS = {0: "admin", 1: "operator", 2: "worker", 3: "observer"}
-
-
 @dataclass(frozen=True, slots=True)
 class ApiKey:
     """An API key as listed: never its secret."""

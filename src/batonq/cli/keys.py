@@ -6,7 +6,7 @@ import click
 
 from batonq.cli.common import json_option, open_client
 from batonq.cli.output import echo_json
-from batonq.models import RINGS
+from batonq.rings import RINGS
 
 __all__ = ["keys"]
 

@@ -9,7 +9,6 @@ request's ASGI scope, where the tools find it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from fnmatch import fnmatchcase
 from typing import Any
 
 from mcp.server.context import ServerRequestContext
@@ -17,11 +16,10 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
 from batonq.client import AsyncClient
-from batonq.models import RINGS
+from batonq.rings import OBSERVER, RINGS, WORKER, covers
 
-__all__ = ["OBSERVER", "SCOPE_KEY", "WORKER", "Access", "access_of", "find_access"]
+__all__ = ["SCOPE_KEY", "Access", "access_of", "find_access"]
 
-WORKER, OBSERVER = 2, 3
 SCOPE_KEY = "batonq.mcp.access"
 """The ASGI scope key under which the HTTP mount passes the caller's access."""
 
@@ -42,7 +40,7 @@ class Access:
         return replace(self, ring=max(self.ring, OBSERVER))
 
     def covers(self, queue: str) -> bool:
-        return any(fnmatchcase(queue, pattern) for pattern in self.queues)
+        return covers(self.queues, queue)
 
     def check_queue(self, queue: str) -> None:
         if not self.covers(queue):

@@ -7,8 +7,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path, Request
 
 from batonq.client import AsyncClient
+from batonq.rings import ADMIN, OPERATOR
 from batonq.service import schemas as s
-from batonq.service.auth import ADMIN, OPERATOR, Principal, require
+from batonq.service.auth import Principal, require
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.reads import TaskId, visible_task
 

@@ -7,17 +7,15 @@ import hmac
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
 from fastapi import Request
 
 from batonq.client import AsyncClient
+from batonq.rings import RINGS, covers
 from batonq.service.problems import ApiError
 
-__all__ = ["ADMIN", "OBSERVER", "OPERATOR", "WORKER", "Principal", "authenticate", "require"]
+__all__ = ["Principal", "authenticate", "require"]
 
-ADMIN, OPERATOR, WORKER, OBSERVER = 0, 1, 2, 3
-_RING_NAMES = {ADMIN: "admin", OPERATOR: "operator", WORKER: "worker", OBSERVER: "observer"}
 _KEY = re.compile(r"bq_([0-9]{1,18})_([0-9a-f]{64})")
 _NO_HASH = bytes(32)
 
@@ -31,7 +29,7 @@ class Principal:
     queues: tuple[str, ...]
 
     def covers(self, queue: str) -> bool:
-        return any(fnmatchcase(queue, pattern) for pattern in self.queues)
+        return covers(self.queues, queue)
 
     def check_queue(self, queue: str) -> None:
         """403 unless the key's scopes cover ``queue`` (whether it exists or not)."""
@@ -66,7 +64,7 @@ def require(ring: int) -> Callable[[Request], Awaitable[Principal]]:
         principal = await authenticate(request.app.state.client, request.headers.get("authorization"))
         if principal.ring > ring:
             raise ApiError(
-                403, "forbidden", f"this needs a key of ring {ring} ({_RING_NAMES[ring]}) or stronger"
+                403, "forbidden", f"this needs a key of ring {ring} ({RINGS[ring]}) or stronger"
             )
         request.state.principal = principal
         return principal

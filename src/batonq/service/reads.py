@@ -10,8 +10,9 @@ from batonq import operations
 from batonq.client import AsyncClient
 from batonq.errors import InvalidArgument, TaskNotFound
 from batonq.models import Task
+from batonq.rings import OBSERVER
 from batonq.service import schemas as s
-from batonq.service.auth import OBSERVER, Principal, require
+from batonq.service.auth import Principal, require
 from batonq.service.problems import ERROR_RESPONSES
 
 router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES)

@@ -12,8 +12,9 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from batonq.client import AsyncClient
+from batonq.rings import WORKER
 from batonq.service import schemas as s
-from batonq.service.auth import WORKER, Principal, require
+from batonq.service.auth import Principal, require
 from batonq.service.problems import ERROR_RESPONSES
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)

@@ -9,8 +9,9 @@ from annotated_types import Len
 from fastapi import APIRouter, Depends, Header, Request
 
 from batonq.client import AsyncClient
+from batonq.rings import WORKER
 from batonq.service import schemas as s
-from batonq.service.auth import WORKER, Principal, require
+from batonq.service.auth import Principal, require
 from batonq.service.metrics import Metrics
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 
