@@ -6,12 +6,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 
-from batonq.client import AsyncClient
 from batonq.rings import ADMIN, OPERATOR
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.reads import TaskId, visible_task
+from batonq.service.state import client_of
 
 router = APIRouter(prefix="/v1", tags=["operate"], responses=ERROR_RESPONSES)
 Operator = Annotated[Principal, Depends(require(OPERATOR))]
@@ -19,10 +19,6 @@ Admin = Annotated[Principal, Depends(require(ADMIN))]
 KeyId = Annotated[int, Path(ge=1, le=s.MAX_ID)]
 QueuePath = Annotated[str, Path(pattern=s.QUEUE_PATTERN, examples=["shop:tasks"])]
 
-
-def _client(request: Request) -> AsyncClient:
-    client: AsyncClient = request.app.state.client
-    return client
 
 
 @router.post(
@@ -36,7 +32,7 @@ async def act(
 ) -> s.TaskOut:
     """retry: a dead or cancelled task runs again; cancel: an unfinished task
     ends; hold: a pending task is kept back; release: a held task is claimable."""
-    client = _client(request)
+    client = client_of(request)
     task = await visible_task(client, principal, task_id)
     operation = {
         "retry": client.retry,
@@ -55,7 +51,7 @@ async def configure(
 ) -> s.QueueSettingsOut:
     """Fields left out keep their value. `paused: true` stops claims (enqueue still works)."""
     principal.check_queue(queue)
-    settings = await _client(request).configure_queue(queue, **body.model_dump())
+    settings = await client_of(request).configure_queue(queue, **body.model_dump())
     return s.QueueSettingsOut.model_validate(settings, from_attributes=True)
 
 
@@ -67,7 +63,7 @@ async def add_edge(request: Request, body: s.EdgeIn, principal: Admin) -> s.Edge
     fields = body.model_dump(exclude={"equals"}, exclude_unset=False)
     if "equals" in body.model_fields_set:
         fields["equals"] = body.equals
-    edge = await _client(request).add_edge(**fields)
+    edge = await client_of(request).add_edge(**fields)
     return s.EdgeOut.model_validate(edge, from_attributes=True)
 
 
@@ -75,24 +71,24 @@ async def add_edge(request: Request, body: s.EdgeIn, principal: Admin) -> s.Edge
 async def remove_edge(request: Request, from_queue: QueuePath, to_queue: QueuePath, principal: Admin) -> None:
     """No new batons along it; tasks already handed on go on. 404 if there is no such edge."""
     principal.check_queue(from_queue)
-    if not await _client(request).remove_edge(from_queue, to_queue):
+    if not await client_of(request).remove_edge(from_queue, to_queue):
         raise ApiError(404, "edge_not_found", f"no edge {from_queue} -> {to_queue}")
 
 
 @router.get("/keys", response_model=s.KeysOut, summary="API keys (never their secrets)")
 async def keys(request: Request, principal: Admin) -> s.KeysOut:
-    found = await _client(request).keys()
+    found = await client_of(request).keys()
     return s.KeysOut(keys=[s.KeyOut.model_validate(k, from_attributes=True) for k in found])
 
 
 @router.post("/keys", response_model=s.NewKeyOut, status_code=201, summary="Create an API key")
 async def create_key(request: Request, body: s.KeyIn, principal: Admin) -> s.NewKeyOut:
     """The reply holds the key: it is shown this once."""
-    made = await _client(request).create_key(body.ring, body.queues, body.name)
+    made = await client_of(request).create_key(body.ring, body.queues, body.name)
     return s.NewKeyOut.model_validate(made, from_attributes=True)
 
 
 @router.delete("/keys/{key_id}", response_model=s.KeyOut, summary="Revoke an API key")
 async def revoke_key(request: Request, key_id: KeyId, principal: Admin) -> s.KeyOut:
-    revoked = await _client(request).revoke_key(key_id)
+    revoked = await client_of(request).revoke_key(key_id)
     return s.KeyOut.model_validate(revoked, from_attributes=True)

@@ -13,6 +13,7 @@ from fastapi import Request
 from batonq.client import AsyncClient
 from batonq.rings import RINGS, covers
 from batonq.service.problems import ApiError
+from batonq.service.state import client_of
 
 __all__ = ["Principal", "authenticate", "require"]
 
@@ -61,7 +62,7 @@ def require(ring: int) -> Callable[[Request], Awaitable[Principal]]:
     """A dependency: the request's key, which must be of ``ring`` or stronger."""
 
     async def dependency(request: Request) -> Principal:
-        principal = await authenticate(request.app.state.client, request.headers.get("authorization"))
+        principal = await authenticate(client_of(request), request.headers.get("authorization"))
         if principal.ring > ring:
             raise ApiError(
                 403, "forbidden", f"this needs a key of ring {ring} ({RINGS[ring]}) or stronger"

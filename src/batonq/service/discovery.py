@@ -9,8 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 import batonq
-from batonq.client import AsyncClient
-from batonq.service.metrics import Metrics
+from batonq.service.state import client_of, metrics_of
 
 router = APIRouter(tags=["service"])
 
@@ -99,7 +98,7 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", include_in_schema=False)
 async def readyz(request: Request) -> JSONResponse:
-    client: AsyncClient = request.app.state.client
+    client = client_of(request)
     try:
         await client.queue_configs()
     except Exception as error:
@@ -109,7 +108,7 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    client: AsyncClient = request.app.state.client
-    registry: Metrics = request.app.state.metrics
+    client = client_of(request)
+    registry = metrics_of(request)
     payload = registry.render(await client.queues(), client.swept)
     return Response(payload, media_type="text/plain; version=0.0.4")

@@ -14,16 +14,13 @@ from batonq.rings import OBSERVER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
 from batonq.service.problems import ERROR_RESPONSES
+from batonq.service.state import client_of
 
 router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES)
 Observer = Annotated[Principal, Depends(require(OBSERVER))]
 LINEAGE_LIMIT = 200
 TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 
-
-def _client(request: Request) -> AsyncClient:
-    client: AsyncClient = request.app.state.client
-    return client
 
 
 async def visible_task(client: AsyncClient, principal: Principal, task_id: str) -> Task:
@@ -43,7 +40,7 @@ async def visible_task(client: AsyncClient, principal: Principal, task_id: str) 
     "/queues", response_model=s.QueuesOut, summary="Tasks per state and oldest pending age, per queue"
 )
 async def queues(request: Request, principal: Observer) -> s.QueuesOut:
-    stats = await _client(request).queues()
+    stats = await client_of(request).queues()
     return s.QueuesOut(
         queues=[
             s.QueueStatsOut.model_validate(q, from_attributes=True)
@@ -71,14 +68,14 @@ async def tasks(
             before = operations.task_id(cursor)
         except InvalidArgument as error:
             raise InvalidArgument(f"cursor: {error.message}") from None
-    found = await _client(request).tasks(queue, state=state, limit=limit, before_id=before)
+    found = await client_of(request).tasks(queue, state=state, limit=limit, before_id=before)
     next_cursor = f"t_{found[-1].id}" if len(found) == limit else None
     return s.TaskListOut(tasks=[s.TaskOut.of(t) for t in found], next_cursor=next_cursor)
 
 
 @router.get("/tasks/{task_id}", response_model=s.TaskDetailOut, summary="One task, with attempts and lineage")
 async def task(request: Request, task_id: TaskId, principal: Observer) -> s.TaskDetailOut:
-    client = _client(request)
+    client = client_of(request)
     found = await visible_task(client, principal, task_id)
     run = await client.run_status(found.root_id)
     lineage = await client.run_tasks(found.root_id)
@@ -91,14 +88,14 @@ async def task(request: Request, task_id: TaskId, principal: Observer) -> s.Task
 
 @router.get("/runs/{root_id}", response_model=s.RunOut, summary="A run's status, derived from its tasks")
 async def run(request: Request, root_id: TaskId, principal: Observer) -> s.RunOut:
-    client = _client(request)
+    client = client_of(request)
     root = await visible_task(client, principal, root_id)
     return s.RunOut.of(await client.run_status(root.root_id), principal.covers)
 
 
 @router.get("/graph", response_model=s.GraphOut, summary="The queue graph's edges")
 async def graph(request: Request, principal: Observer) -> s.GraphOut:
-    edges = await _client(request).edges()
+    edges = await client_of(request).edges()
     return s.GraphOut(
         edges=[
             s.EdgeOut.model_validate(e, from_attributes=True)

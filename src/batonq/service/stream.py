@@ -16,6 +16,7 @@ from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
 from batonq.service.problems import ERROR_RESPONSES
+from batonq.service.state import client_of
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
 _CREDIT_POLL_S = 0.25
@@ -101,7 +102,7 @@ async def stream(
     connections open. Tasks leased to a
     dropped connection return when their lease runs out."""
     principal.check_queue(queue)
-    client: AsyncClient = request.app.state.client
+    client = client_of(request)
     keepalive_s: float = request.app.state.keepalive_s
     if claim:
         events = _deliver(client, queue, credit, lease_s, f"sse-key-{principal.key_id}", keepalive_s)

@@ -8,25 +8,16 @@ from typing import Annotated
 from annotated_types import Len
 from fastapi import APIRouter, Depends, Header, Request
 
-from batonq.client import AsyncClient
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
-from batonq.service.metrics import Metrics
 from batonq.service.problems import ERROR_RESPONSES, ApiError
+from batonq.service.state import client_of, metrics_of
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
 Worker = Annotated[Principal, Depends(require(WORKER))]
 
 
-def _client(request: Request) -> AsyncClient:
-    client: AsyncClient = request.app.state.client
-    return client
-
-
-def _metrics(request: Request) -> Metrics:
-    metrics: Metrics = request.app.state.metrics
-    return metrics
 
 
 def token_queue(principal: Principal, lease_token: str) -> str:
@@ -52,7 +43,7 @@ async def enqueue(
     """The same `idempotency_key` (field, or `Idempotency-Key` header for a single
     task) in the same queue returns the existing task with `created: false`.
     A list is enqueued in one transaction: all of it or none."""
-    client = _client(request)
+    client = client_of(request)
     items = body if isinstance(body, list) else [body]
     for item in items:
         principal.check_queue(item.queue)
@@ -86,11 +77,11 @@ async def claim(request: Request, body: s.ClaimIn, principal: Worker) -> s.Claim
     later write about it must present. With `wait_s`, an empty queue is
     long-polled; the reply is `{"tasks": []}` if nothing came."""
     principal.check_queue(body.queue)
-    leases = await _client(request).claim(
+    leases = await client_of(request).claim(
         body.queue, max_tasks=body.max_tasks, lease_s=body.lease_s, wait_s=body.wait_s,
         worker=body.worker or f"key-{principal.key_id}",
     )  # fmt: skip
-    _metrics(request).claims.labels(body.queue).inc(len(leases))
+    metrics_of(request).claims.labels(body.queue).inc(len(leases))
     return s.ClaimOut(tasks=[s.ClaimedTask.of(lease) for lease in leases])
 
 
@@ -102,8 +93,8 @@ async def claim(request: Request, body: s.ClaimIn, principal: Worker) -> s.Claim
 async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) -> s.HeartbeatOut:
     """Extend the lease by `lease_s` (default: the claim's) from now; optionally set `stage`."""
     queue = token_queue(principal, body.lease_token)
-    with _metrics(request).refusals(queue):
-        beat = await _client(request).heartbeat(body.lease_token, lease_s=body.lease_s, stage=body.stage)
+    with metrics_of(request).refusals(queue):
+        beat = await client_of(request).heartbeat(body.lease_token, lease_s=body.lease_s, stage=body.stage)
     assert beat.lease_expires_in_s is not None and beat.lease_expires_at is not None
     return s.HeartbeatOut(
         task_id=f"t_{beat.task_id}",
@@ -128,7 +119,7 @@ async def submit(
     A list (up to 1,000) is submitted in one round trip and answers
     `{"results": [...]}` in order, each with its `outcome`: a refused item
     (`lease_lost`, `finished`) does not fail the others, nor the request."""
-    client, metrics = _client(request), _metrics(request)
+    client, metrics = client_of(request), metrics_of(request)
     if isinstance(body, list):
         for item in body:
             token_queue(principal, item.lease_token)
@@ -155,8 +146,8 @@ async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitO
     """Retry after `retry_delay_s`, or after the queue's backoff when omitted;
     `requeue: false` makes the task dead now."""
     queue = token_queue(principal, body.lease_token)
-    with _metrics(request).refusals(queue):
-        failed = await _client(request).fail(
+    with metrics_of(request).refusals(queue):
+        failed = await client_of(request).fail(
             body.lease_token, body.error, retry_delay_s=body.retry_delay_s, requeue=body.requeue
         )
     return s.SubmitOut.of(failed)
@@ -170,6 +161,6 @@ async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitO
 async def release(request: Request, body: s.LeaseTokenIn, principal: Worker) -> s.SubmitOut:
     """Give a lease back unfinished: the task is claimable at once and the attempt is not counted."""
     queue = token_queue(principal, body.lease_token)
-    with _metrics(request).refusals(queue):
-        released = await _client(request).release_lease(body.lease_token)
+    with metrics_of(request).refusals(queue):
+        released = await client_of(request).release_lease(body.lease_token)
     return s.SubmitOut.of(released)
