@@ -342,7 +342,7 @@ class Baseline(Target):
 # Running
 
 
-def _drive(work: Sequence[Callable[[], int]]) -> tuple[float, int]:
+def drive(work: Sequence[Callable[[], int]]) -> tuple[float, int]:
     """Run each callable in its own thread, started together; (seconds, tasks)."""
     barrier = threading.Barrier(len(work) + 1)
     counts = [0] * len(work)
@@ -437,7 +437,7 @@ def run_once(target: Target, admin: psycopg.Connection[Any], scenario: Scenario,
     else:
         work = [_claim_work(target, slot, scenario.batch) for slot in range(conns)]
     lsn, checkpoints = _wal_lsn(admin), _checkpoints(admin)
-    seconds, done = _drive(work)
+    seconds, done = drive(work)
     wal = _wal_bytes(admin, lsn, _wal_lsn(admin))
     checkpoints = _checkpoints(admin) - checkpoints
     counted = target.count(admin, scenario.op)

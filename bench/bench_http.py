@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from bench_core import drive  # the same thread driver, so figures compare
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import batonq
@@ -182,32 +183,6 @@ def http_worker(http: httpx.Client, batch: int, each: bool) -> Callable[[], int]
             total += len(tasks)
 
     return work
-
-
-def drive(work: list[Callable[[], int]]) -> tuple[float, int]:
-    """Run each loop in its own thread, started together; (seconds, tasks)."""
-    barrier = threading.Barrier(len(work) + 1)
-    counts = [0] * len(work)
-    errors: list[BaseException] = []
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait()
-            counts[i] = work[i]()
-        except BaseException as error:  # re-raised below
-            errors.append(error)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(work))]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise errors[0]
-    return elapsed, sum(counts)
 
 
 def prepare(admin: psycopg.Connection[Any], loader: batonq.Client, tasks: int) -> None:
