@@ -38,6 +38,8 @@ class Metrics:
         self.expiries = Counter(
             "batonq_lease_expiries", "Leases expired by this process's sweeper", registry=self.registry
         )
+        # The sweeper counts its expiries itself; the counter catches up with it at each scrape.
+        self._swept_seen = 0
         self.latency = Histogram(
             "batonq_http_request_duration_seconds", "HTTP request latency", ["method", "route", "status"],
             registry=self.registry,
@@ -60,5 +62,3 @@ class Metrics:
         self.expiries.inc(max(0, swept - self._swept_seen))
         self._swept_seen = max(self._swept_seen, swept)
         return generate_latest(self.registry)
-
-    _swept_seen = 0
