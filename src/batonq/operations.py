@@ -56,6 +56,11 @@ def task_id(value: int | str) -> int:
     raise InvalidArgument(f"task id must look like t_5521 or 5521, got {value!r}")
 
 
+def task_ref(task_id: int) -> str:
+    """A task id as users see it: ``t_5521`` (``task_id`` reads it back)."""
+    return f"t_{task_id}"
+
+
 def _one(cls: Callable[..., T]) -> Callable[[Rows], T]:
     return lambda rows: cls(*rows[0])
 

@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from batonq.operations import task_ref
+
 __all__ = ["age_since", "console", "echo_json", "format_age", "jsonable", "print_table", "tid", "truncate"]
 
 # Fields that hold a task id: shown as t_<n>, as everywhere else in batonq.
@@ -20,14 +22,14 @@ _ID_FIELDS = frozenset({"id", "task_id", "parent_id", "root_id"})
 
 def tid(task_id: int | None) -> str:
     """``t_5521`` for 5521; ``-`` for none."""
-    return "-" if task_id is None else f"t_{task_id}"
+    return "-" if task_id is None else task_ref(task_id)
 
 
 def jsonable(record: Any) -> dict[str, Any]:
     """A batonq dataclass as a JSON-ready dict, task ids written ``t_<n>``."""
     values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
     return {
-        name: f"t_{value}" if name in _ID_FIELDS and isinstance(value, int) else value
+        name: task_ref(value) if name in _ID_FIELDS and isinstance(value, int) else value
         for name, value in values.items()
     }
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 from batonq import errors
 from batonq.mcp.access import Access, access_of
 from batonq.models import Lease, Submitted
+from batonq.operations import task_ref
 from batonq.service.schemas import EnqueueOut, QueueStatsOut, State, TaskOut, tid
 
 __all__ = ["READ_TOOLS", "TOOLS", "ToolSpec"]
@@ -56,12 +57,12 @@ class ClaimedTask(BaseModel):
     @classmethod
     def of(cls, lease: Lease) -> ClaimedTask:
         return cls(
-            task_id=f"t_{lease.task_id}", queue=lease.queue, lease_token=lease.lease_token,
+            task_id=task_ref(lease.task_id), queue=lease.queue, lease_token=lease.lease_token,
             fencing_token=lease.fencing_token, lease_expires_in_s=lease.lease_expires_in_s,
             lease_expires_at=lease.lease_expires_at, attempt=lease.attempt,
             max_attempts=lease.max_attempts, priority=lease.priority, payload=lease.payload,
             idempotency_key=lease.idempotency_key, parent_id=tid(lease.parent_id),
-            root_id=f"t_{lease.root_id}",
+            root_id=task_ref(lease.root_id),
         )  # fmt: skip
 
 
@@ -80,7 +81,7 @@ class SubmitOut(BaseModel):
     @classmethod
     def of(cls, s: Submitted) -> SubmitOut:
         return cls(
-            task_id=f"t_{s.task_id}", queue=s.queue, state=cast(State, s.state),
+            task_id=task_ref(s.task_id), queue=s.queue, state=cast(State, s.state),
             replayed=s.replayed, fencing_token=s.fencing_token, lease_expires_in_s=s.lease_expires_in_s,
         )  # fmt: skip
 

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from batonq import errors
+from batonq.operations import task_ref
 from batonq.service.schemas import ErrorOut
 
 __all__ = ["ERROR_RESPONSES", "ApiError", "body", "install"]
@@ -54,7 +55,7 @@ def _status_of(error: errors.BatonqError) -> int:
 def _detail(error: errors.BatonqError) -> dict[str, Any]:
     detail = dict(error.detail)
     if "task_id" in detail and isinstance(detail["task_id"], int):
-        detail["task_id"] = f"t_{detail['task_id']}"
+        detail["task_id"] = task_ref(detail['task_id'])
     return detail
 
 

@@ -10,6 +10,7 @@ from batonq import operations
 from batonq.client import AsyncClient
 from batonq.errors import InvalidArgument, TaskNotFound
 from batonq.models import Task
+from batonq.operations import task_ref
 from batonq.rings import OBSERVER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
@@ -69,7 +70,7 @@ async def tasks(
         except InvalidArgument as error:
             raise InvalidArgument(f"cursor: {error.message}") from None
     found = await client_of(request).tasks(queue, state=state, limit=limit, before_id=before)
-    next_cursor = f"t_{found[-1].id}" if len(found) == limit else None
+    next_cursor = task_ref(found[-1].id) if len(found) == limit else None
     return s.TaskListOut(tasks=[s.TaskOut.of(t) for t in found], next_cursor=next_cursor)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from batonq import models
+from batonq.operations import task_ref
 
 
 def _integral(value: Any) -> Any:
@@ -46,7 +47,7 @@ QueueName = Field(pattern=QUEUE_PATTERN, examples=["shop:tasks"])
 
 
 def tid(value: int | None) -> str | None:
-    return None if value is None else f"t_{value}"
+    return None if value is None else task_ref(value)
 
 
 class Strict(BaseModel):
@@ -79,7 +80,7 @@ class EnqueueOut(BaseModel):
     @classmethod
     def of(cls, e: models.Enqueued) -> EnqueueOut:
         return cls(
-            task_id=f"t_{e.task_id}",
+            task_id=task_ref(e.task_id),
             queue=e.queue,
             created=e.created,
             state=cast(State, e.state),
@@ -123,7 +124,7 @@ class ClaimedTask(BaseModel):
     @classmethod
     def of(cls, lease: models.Lease) -> ClaimedTask:
         return cls(
-            task_id=f"t_{lease.task_id}",
+            task_id=task_ref(lease.task_id),
             fencing_token=lease.fencing_token,
             lease_token=lease.lease_token,
             lease_expires_in_s=lease.lease_expires_in_s,
@@ -136,7 +137,7 @@ class ClaimedTask(BaseModel):
                 priority=lease.priority,
                 idempotency_key=lease.idempotency_key,
                 parent_id=tid(lease.parent_id),
-                root_id=f"t_{lease.root_id}",
+                root_id=task_ref(lease.root_id),
                 created_at=lease.created_at,
                 run_at=lease.run_at,
             ),
@@ -184,7 +185,7 @@ class SubmitOut(BaseModel):
     @classmethod
     def of(cls, s: models.Submitted) -> SubmitOut:
         return cls(
-            task_id=f"t_{s.task_id}",
+            task_id=task_ref(s.task_id),
             state=cast(State, s.state),
             replayed=s.replayed,
             fencing_token=s.fencing_token,
@@ -207,7 +208,7 @@ class SubmitResultOut(BaseModel):
     @classmethod
     def of(cls, s: models.Submitted) -> SubmitResultOut:
         return cls(
-            task_id=f"t_{s.task_id}",
+            task_id=task_ref(s.task_id),
             outcome=cast(Literal["accepted", "replayed", "lease_lost", "finished"], s.outcome),
             state=cast(State, s.state),
             replayed=s.replayed,
@@ -246,10 +247,10 @@ class TaskOut(BaseModel):
     @classmethod
     def of(cls, t: models.Task) -> TaskOut:
         return cls(
-            task_id=f"t_{t.id}", queue=t.queue, state=cast(State, t.state), priority=t.priority,
+            task_id=task_ref(t.id), queue=t.queue, state=cast(State, t.state), priority=t.priority,
             payload=t.payload,
             attempts=t.attempts, max_attempts=t.max_attempts, idempotency_key=t.idempotency_key,
-            parent_id=tid(t.parent_id), root_id=f"t_{t.root_id}", fencing_token=t.fencing_token,
+            parent_id=tid(t.parent_id), root_id=task_ref(t.root_id), fencing_token=t.fencing_token,
             run_at=t.run_at, created_at=t.created_at, claimed_at=t.claimed_at,
             lease_expires_at=t.lease_expires_at, finished_at=t.finished_at, worker=t.worker,
             stage=t.stage, last_error=t.last_error, errors=t.errors, result=t.result,
@@ -279,8 +280,8 @@ class RunOut(BaseModel):
         covers the failed task's queue."""
         shown = r.failed_queue is not None and covers(r.failed_queue)
         return cls(
-            root_id=f"t_{r.root_id}", status=cast(RunState, r.status), tasks=r.tasks, unfinished=r.unfinished,
-            done=r.done, dead=r.dead, cancelled=r.cancelled,
+            root_id=task_ref(r.root_id), status=cast(RunState, r.status), tasks=r.tasks,
+            unfinished=r.unfinished, done=r.done, dead=r.dead, cancelled=r.cancelled,
             failed_task_id=tid(r.failed_task_id) if shown else None,
             failed_queue=r.failed_queue if shown else None, error=r.error if shown else None,
         )  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Annotated
 from annotated_types import Len
 from fastapi import APIRouter, Depends, Header, Request
 
+from batonq.operations import task_ref
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
@@ -97,7 +98,7 @@ async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) ->
         beat = await client_of(request).heartbeat(body.lease_token, lease_s=body.lease_s, stage=body.stage)
     assert beat.lease_expires_in_s is not None and beat.lease_expires_at is not None
     return s.HeartbeatOut(
-        task_id=f"t_{beat.task_id}",
+        task_id=task_ref(beat.task_id),
         lease_expires_in_s=beat.lease_expires_in_s,
         lease_expires_at=beat.lease_expires_at,
     )

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost
 from batonq.models import JSON, Enqueued, Lease
+from batonq.operations import task_ref
 
 __all__ = ["AsyncJob", "BaseJob", "Job"]
 
@@ -68,7 +69,7 @@ class BaseJob:
     def log_fields(self) -> dict[str, Any]:
         """The fields every log record about this job carries."""
         return {
-            "task_id": f"t_{self.id}",
+            "task_id": task_ref(self.id),
             "queue": self.queue,
             "attempt": self.attempt,
             "fencing_token": self.fencing_token,
