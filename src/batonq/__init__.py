@@ -32,7 +32,7 @@ from batonq.errors import (
 from batonq.migrate import migrate
 from batonq.models import Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
 from batonq.sweeper import Sweeper
-from batonq.worker import App, AsyncJob, Job, Middleware, Outcome, Worker
+from batonq.worker import App, AsyncJob, BaseJob, Job, Middleware, Outcome, Worker
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "App",
     "AsyncClient",
     "AsyncJob",
+    "BaseJob",
     "BatonqError",
     "Client",
     "Edge",

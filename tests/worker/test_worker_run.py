@@ -154,6 +154,28 @@ async def test_unhandled_exception_keeps_its_traceback(client: batonq.Client, ds
     assert client.claim("err:boom") == []  # the queue's backoff: not claimable at once
 
 
+async def test_a_handler_cancelled_from_within_fails_and_the_worker_goes_on(
+    client: batonq.Client, dsn: str
+) -> None:
+    """A CancelledError the handler raises itself (its own timeout, a task
+    it awaited) is a failure of that job, not the worker's cancellation."""
+    app = batonq.App()
+
+    @app.task("err:cancel")
+    async def cancelled(job: batonq.AsyncJob) -> str:
+        if job.payload["n"] == 1:
+            raise asyncio.CancelledError("gave up")
+        return "ok"
+
+    first = client.enqueue("err:cancel", {"n": 1}, max_attempts=1)
+    second = client.enqueue("err:cancel", {"n": 2})
+    assert await worker(app, dsn, burst=True).run_async() == 0
+    failed = client.task(first.task_id)
+    assert failed.state == "dead"
+    assert failed.last_error is not None and "CancelledError" in failed.last_error
+    assert client.task(second.task_id).result == "ok"
+
+
 async def test_huge_traceback_is_cut_to_fit(client: batonq.Client, dsn: str) -> None:
     app = batonq.App()
 

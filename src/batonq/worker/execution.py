@@ -43,7 +43,11 @@ Produced = JSON | BaseException | _Cancelled
 
 class Execution:
     """Runs one job. ``phase`` goes running -> submitting -> finished, or
-    running -> released when the worker gives the lease back first."""
+    running -> released when the worker gives the lease back first.
+
+    ``on_ran`` is called once the handler has returned (its slot is free
+    while the outcome is being submitted), ``on_finished`` once the outcome
+    is submitted."""
 
     def __init__(
         self,
@@ -55,6 +59,7 @@ class Execution:
         executor: Executor,
         middleware: Sequence[Middleware],
         log_fields: dict[str, Any],
+        on_ran: Callable[[Execution], None],
         on_finished: Callable[[Execution], None],
     ) -> None:
         loop = asyncio.get_running_loop()
@@ -69,12 +74,14 @@ class Execution:
         self._loop = loop
         self._executor = executor
         self._middleware = middleware
-        self._fields = {**log_fields, **self.job.log_fields()}
+        self._worker_fields = log_fields
+        self._on_ran = on_ran
         self._on_finished = on_finished
-        self._handler: asyncio.Future[Any] | None = None
+        self._in_handler = False
+        self._beat: asyncio.TimerHandle | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._thread_busy = False
-        self.task = asyncio.create_task(self._run(), name=f"batonq-t_{lease.task_id}")
+        self.task = loop.create_task(self._run(), name=f"batonq-t_{lease.task_id}")
 
     @property
     def duration_s(self) -> float:
@@ -85,6 +92,11 @@ class Execution:
         """A sync handler still running in its thread."""
         return self._thread_busy
 
+    @property
+    def _fields(self) -> dict[str, Any]:
+        """The fields of this job's log records (built only when one is logged)."""
+        return {**self._worker_fields, **self.job.log_fields()}
+
     def lose(self, lost: LeaseLost) -> None:
         """The lease is gone: tell the handler (a flag, and a cancellation
         for async handlers); whatever it returns will be refused."""
@@ -94,45 +106,62 @@ class Execution:
         self.job.lease_lost.set()
         log.warning("lease of t_%d lost: %s", self.job.id, lost.message,
                     extra={**self._fields, "state": lost.state})  # fmt: skip
-        if self.spec.is_async and self._handler is not None:
-            self._handler.cancel()
+        self._cancel_handler()
+
+    def _cancel_handler(self) -> None:
+        # An async handler runs inside this execution's own task (no task of
+        # its own per job): cancelling it means cancelling that task while it
+        # is in the handler; _produce tells this apart from the worker's own
+        # cancellation by ``lost`` and ``phase``. From inside the handler
+        # (set_stage raising LeaseLost) the error already reaches it.
+        if self._in_handler and asyncio.current_task() is not self.task:
+            self.task.cancel()
 
     # -- the run -------------------------------------------------------------
 
     async def _run(self) -> None:
-        self._heartbeat = asyncio.create_task(self._heartbeats())
-        produced: Produced
+        self._schedule_heartbeat()
         try:
-            await run_before(self._middleware, self.job)
-            if self.phase == "released":  # shut down while before_job ran
-                return
-            if self.lost is None:  # else: lost while before_job ran; do not start
-                self._handler = self._call_handler()
-                await asyncio.wait([self._handler])
-        except asyncio.CancelledError:
-            if self._handler is not None:
-                self._handler.cancel()
-            raise
-        except Exception as error:  # from before_job: the job fails as if its handler raised
-            produced = error
-        else:
-            produced = _CANCELLED if self._handler is None else self._produced(self._handler)
+            produced = await self._produce()
         finally:
-            self._heartbeat.cancel()
+            self._stop_heartbeats()
+            self._on_ran(self)
         if self.phase == "released":
             return  # the worker gave the lease back and accounts for it
         self.phase = "submitting"
         outcome = await self._submit(produced)
         self.phase = "finished"
-        await run_after(self._middleware, self.job, outcome)
+        if self._middleware:
+            await run_after(self._middleware, self.job, outcome)
         self._log(outcome)
         self._on_finished(self)
 
-    def _call_handler(self) -> asyncio.Future[Any]:
-        if self.spec.is_async:
-            coroutine: Awaitable[Any] = self.spec.handler(self.job)
-            return asyncio.ensure_future(coroutine)
-        return self._loop.run_in_executor(self._executor, self._in_thread, contextvars.copy_context())
+    async def _produce(self) -> Produced:
+        """Run the before_job hooks and the handler: what the handler
+        returned or raised (an error in before_job counts as the handler's)."""
+        try:
+            if self._middleware:
+                await run_before(self._middleware, self.job)
+            if self.lost is not None or self.phase == "released":
+                return _CANCELLED  # lost or shut down while before_job ran: do not start
+            if not self.spec.is_async:
+                context = contextvars.copy_context()
+                return await self._loop.run_in_executor(self._executor, self._in_thread, context)
+            self._in_handler = True
+            try:
+                return await self.spec.handler(self.job)
+            finally:
+                self._in_handler = False
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                if self.lost is None and self.phase != "released":
+                    raise  # the worker itself is being cancelled
+                current.uncancel()
+                return _CANCELLED
+            return asyncio.CancelledError("the handler was cancelled")
+        except Exception as error:
+            return error
 
     def _in_thread(self, context: contextvars.Context) -> Any:
         self._thread_busy = True
@@ -141,27 +170,34 @@ class Execution:
         finally:
             self._thread_busy = False
 
-    def _produced(self, handler: asyncio.Future[Any]) -> Produced:
-        if handler.cancelled():
-            if self.lost is not None or self.phase == "released":
-                return _CANCELLED
-            return asyncio.CancelledError("the handler was cancelled")
-        error = handler.exception()
-        return error if error is not None else handler.result()
+    # Heartbeats: a timer per job (cheap; most jobs end before it fires), and
+    # a task only when one is due.
 
-    async def _heartbeats(self) -> None:
-        """Extend the lease about every third of it while the handler runs."""
+    def _schedule_heartbeat(self) -> None:
         interval = max(self.job.lease.lease_expires_in_s / 3, 0.05)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self._client.heartbeat(self.job.lease_token)
-            except LeaseLost as lost:
-                self.lose(lost)
-                return
-            except psycopg.OperationalError as error:
-                log.warning("heartbeat of t_%d failed (%s); trying again", self.job.id, error,
-                            extra=self._fields)  # fmt: skip
+        self._beat = self._loop.call_later(interval, self._start_heartbeat)
+
+    def _start_heartbeat(self) -> None:
+        self._heartbeat = self._loop.create_task(self._send_heartbeat())
+
+    async def _send_heartbeat(self) -> None:
+        """Extend the lease; the next one is due a third of a lease later."""
+        try:
+            await self._client.heartbeat(self.job.lease_token)
+        except LeaseLost as lost:
+            self.lose(lost)
+            return
+        except psycopg.OperationalError as error:
+            log.warning("heartbeat of t_%d failed (%s); trying again", self.job.id, error,
+                        extra=self._fields)  # fmt: skip
+        if self.phase == "running":
+            self._schedule_heartbeat()
+
+    def _stop_heartbeats(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
 
     # -- submit --------------------------------------------------------------
 
@@ -225,6 +261,8 @@ class Execution:
         return await call()
 
     def _log(self, outcome: Outcome) -> None:
+        if outcome.status == "done" and not log.isEnabledFor(logging.INFO):
+            return
         extra = {**self._fields, "outcome": outcome.status, "duration_s": round(outcome.duration_s, 6)}
         error = outcome.error
         if outcome.status == "done":
@@ -243,10 +281,8 @@ class Execution:
         (cancel an async one), and drop whatever it will produce."""
         self.phase = "released"
         self.job.lease_lost.set()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-        if self.spec.is_async and self._handler is not None:
-            self._handler.cancel()
+        self._stop_heartbeats()
+        self._cancel_handler()
 
     async def release(self) -> None:
         """Give the lease back: the task is claimable again at once."""
@@ -260,4 +296,5 @@ class Execution:
         else:
             log.info("released t_%d: claimable again now", self.job.id,
                      extra={**self._fields, "outcome": "released"})  # fmt: skip
-        await run_after(self._middleware, self.job, Outcome("released", duration_s=self.duration_s))
+        if self._middleware:
+            await run_after(self._middleware, self.job, Outcome("released", duration_s=self.duration_s))

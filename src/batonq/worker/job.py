@@ -53,11 +53,19 @@ class BaseJob:
         self.parent_id = lease.parent_id
         self.root_id = lease.root_id
         self.priority = lease.priority
-        self.lease_lost = threading.Event()
         self.context: dict[str, Any] = {}
         self._client = client
         self._loop = loop
         self._on_lease_lost = on_lease_lost
+
+    @property
+    def lease_lost(self) -> threading.Event:
+        # Made on first use: most jobs never look. setdefault keeps it one
+        # Event when the loop and a handler thread ask at the same time.
+        event: threading.Event | None = self.__dict__.get("_lease_lost")
+        if event is None:
+            event = self.__dict__.setdefault("_lease_lost", threading.Event())
+        return event
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} t_{self.id} {self.queue} attempt {self.attempt}>"

@@ -2,10 +2,12 @@
 heartbeating each lease while its handler runs, until told to stop.
 
 One dispatcher claims in batches sized to the free slots, round-robin over
-the queues; when every queue is empty it sleeps on LISTEN/NOTIFY (one
-listener connection) and claims again at the latest after ``wait_s``. Each
-claimed task runs as its own asyncio task: ``async def`` handlers on the
-loop, plain ones in a thread pool of ``concurrency`` threads.
+the queues; a slot is free again once its handler has returned, so the next
+claim overlaps the submit of the last outcomes. When every queue is empty it
+sleeps on LISTEN/NOTIFY (one listener connection) and claims again at the
+latest after ``wait_s``. Each claimed task runs as its own asyncio task:
+``async def`` handlers on the loop, plain ones in a thread pool of
+``concurrency`` threads.
 """
 
 from __future__ import annotations
@@ -120,6 +122,8 @@ class Worker:
         self._client: AsyncClient | None = None
         self._completions: Completions | None = None
         self._running: dict[int, Execution] = {}
+        self._busy = 0
+        """Jobs whose handler has not returned yet: the slots taken."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poke: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -243,7 +247,7 @@ class Worker:
                     self._poke_dispatcher()
 
     def _free_slots(self) -> int:
-        free = self.concurrency - len(self._running)
+        free = self.concurrency - self._busy
         if self.max_tasks is not None:
             free = min(free, self.max_tasks - self.claimed)
         return free
@@ -272,7 +276,9 @@ class Worker:
             failures = 0
             if claimed:
                 continue
-            if self.burst and not self._running:
+            # A poke during the claim (a job finished, a task arrived) may
+            # mean work the claim did not see yet: claim again first.
+            if self.burst and not self._running and not self._poke.is_set():
                 log.info("burst: no claimable task left", extra=self._fields)
                 return
             await self._idle(self.wait_s)
@@ -306,10 +312,18 @@ class Worker:
         assert self._executor is not None and self._completions is not None
         execution = Execution(
             lease, spec, client=client, completions=self._completions, executor=self._executor,
-            middleware=self.app.middlewares, log_fields=self._fields, on_finished=self._finished,
+            middleware=self.app.middlewares, log_fields=self._fields, on_ran=self._ran,
+            on_finished=self._finished,
         )  # fmt: skip
         self.claimed += 1
+        self._busy += 1
         self._running[lease.fencing_token] = execution
+
+    def _ran(self, execution: Execution) -> None:
+        """A handler returned: its slot takes the next task while its outcome
+        is being submitted, so claims overlap completions."""
+        self._busy -= 1
+        self._poke_dispatcher()
 
     def _finished(self, execution: Execution) -> None:
         self._running.pop(execution.job.fencing_token, None)
@@ -355,6 +369,7 @@ class Worker:
             await asyncio.wait(left, timeout=1.0)
         self.abandoned = sum(1 for e in unfinished if e.thread_busy)
         self._running.clear()
+        self._busy = 0
 
 
 async def _cancel_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
