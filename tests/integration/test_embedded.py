@@ -25,7 +25,7 @@ with batonq.connect() as client:
 
 
 def test_embedded_default_runs_and_keeps_data(tmp_path: Path) -> None:
-    env = {"BATONQ_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = {"BATONQ_HOME": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["1", "done", "True"]
@@ -52,7 +52,7 @@ def test_readme_serve_command_on_the_embedded_database(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {"BATONQ_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    env = {"BATONQ_HOME": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path)}
     log = tmp_path / "serve.log"
     with log.open("w") as out:
         server = subprocess.Popen(
