@@ -3,6 +3,7 @@ stopped; see docs/worker.md."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -138,6 +139,7 @@ def worker(
         )  # fmt: skip
     except (ImportError, ValueError, TypeError) as error:
         raise click.UsageError(str(error), ctx) from error
+    _tune_gc()
     code = runner.run()
     if runner.abandoned:
         # Sync handlers still running in threads would hold the interpreter
@@ -146,3 +148,14 @@ def worker(
         sys.stderr.flush()
         os._exit(code)
     ctx.exit(code)
+
+
+def _tune_gc() -> None:
+    """This process is the worker's: what is loaded by now lives as long as
+    it does, so it leaves the cyclic collector's scans (freeze), and young
+    objects are collected less often. Every job allocates a few dozen
+    short-lived objects; with the default threshold (700) the collector ran
+    about every 20 jobs and took a quarter of a no-op worker's CPU time."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)

@@ -127,6 +127,7 @@ class Execution:
             self._stop_heartbeats()
             self._on_ran(self)
         if self.phase == "released":
+            self.job._detach()
             return  # the worker gave the lease back and accounts for it
         self.phase = "submitting"
         outcome = await self._submit(produced)
@@ -135,6 +136,7 @@ class Execution:
             await run_after(self._middleware, self.job, outcome)
         self._log(outcome)
         self._on_finished(self)
+        self.job._detach()
 
     async def _produce(self) -> Produced:
         """Run the before_job hooks and the handler: what the handler

@@ -56,7 +56,7 @@ class BaseJob:
         self.context: dict[str, Any] = {}
         self._client = client
         self._loop = loop
-        self._on_lease_lost = on_lease_lost
+        self._on_lease_lost: Callable[[LeaseLost], None] | None = on_lease_lost
 
     @property
     def lease_lost(self) -> threading.Event:
@@ -69,6 +69,12 @@ class BaseJob:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} t_{self.id} {self.queue} attempt {self.attempt}>"
+
+    def _detach(self) -> None:
+        """The job is over: its worker no longer listens for a lost lease.
+        (This also breaks the job <-> execution reference cycle, so both are
+        freed at once instead of by the cyclic garbage collector.)"""
+        self._on_lease_lost = None
 
     @property
     def is_last_attempt(self) -> bool:
@@ -87,7 +93,8 @@ class BaseJob:
         try:
             await self._client.set_stage(self.lease_token, stage)
         except LeaseLost as lost:
-            self._on_lease_lost(lost)
+            if self._on_lease_lost is not None:
+                self._on_lease_lost(lost)
             raise
 
     async def _enqueue_child(self, queue: str, payload: JSON, **options: Any) -> Enqueued:
