@@ -216,3 +216,30 @@ async def test_wait_s_is_at_most_55(client: batonq.Client, aclient: batonq.Async
             client.claim(Q, wait_s=wait_s)
         with pytest.raises(batonq.InvalidArgument, match="wait_s"):
             await aclient.claim(Q, wait_s=wait_s)
+
+
+def test_an_enqueue_that_commits_after_a_claim_drained_the_queue_still_wakes(dsn: str) -> None:
+    """The interleaving that loses a wake-up when an enqueue stays silent
+    because it saw a pending task: a claimer takes that task, looks again
+    before the enqueue commits, finds nothing and sleeps. The enqueue's
+    commit must still notify."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        psycopg.connect(dsn) as claimer,
+        psycopg.connect(dsn) as enqueuer,
+    ):
+        enqueuer.execute("SELECT batonq.enqueue(%s, '{\"n\": 1}')", (Q,))
+        enqueuer.commit()
+        listener.execute("LISTEN batonq")
+        # The claimer locks task 1; meanwhile task 2 is enqueued, uncommitted.
+        [first] = claimer.execute("SELECT task_id FROM batonq.claim(%s)", (Q,)).fetchall()
+        enqueuer.execute("SELECT batonq.enqueue(%s, '{\"n\": 2}')", (Q,))
+        claimer.commit()
+        # The claimer's next look finds nothing: task 2 is not committed yet.
+        assert claimer.execute("SELECT task_id FROM batonq.claim(%s)", (Q,)).fetchall() == []
+        claimer.commit()
+        enqueuer.commit()
+        woken = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        assert woken == [Q], "the claimer sleeps until its next poll with task 2 pending"
+        [second] = claimer.execute("SELECT task_id FROM batonq.claim(%s)", (Q,)).fetchall()
+        assert second != first

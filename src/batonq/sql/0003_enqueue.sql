@@ -69,21 +69,6 @@ BEGIN
     END IF;
 END $$;
 
--- Whether a NOTIFY is worth sending for a new claimable task in p_queue:
--- only when none was claimable before. A claimer waits only after finding
--- the queue empty, so the enqueue that ends the emptiness wakes it; the
--- ones after it would wake nobody, and a notifying transaction serialises
--- its commit with every other notifying one (measured: it halves single
--- enqueues at 8 connections). Checked before the insert, so it does not
--- see its own task. PL/pgSQL, not SQL: a SQL function with a subquery is
--- not inlined, and is planned anew (over 16 partitions) at every call.
-CREATE FUNCTION batonq._nobody_claimable(p_queue text) RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN NOT EXISTS (SELECT FROM batonq.tasks t
-                        WHERE t.queue = p_queue AND t.state = 'pending' AND t.run_at <= now());
-END $$;
-
 CREATE TYPE batonq.enqueued AS (
     task_id bigint, queue text, created boolean, state text, run_at timestamptz
 );
@@ -91,7 +76,10 @@ CREATE TYPE batonq.enqueued AS (
 -- Enqueue one task. With an idempotency key, the first task to take the key
 -- in this queue is returned to every later caller (created = false) for as
 -- long as it is retained. A NOTIFY wakes waiting claimers when the task is
--- claimable now and none was before (see _nobody_claimable).
+-- claimable now -- every time: "only when none was claimable before" was
+-- tried and loses wake-ups (an enqueue that saw a pending task, which a
+-- claimer then took with a snapshot older than the enqueue's commit, leaves
+-- its own task to the claimer's next poll).
 CREATE FUNCTION batonq.enqueue(
     p_queue           text,
     p_payload         jsonb,
@@ -130,7 +118,7 @@ BEGIN
             RETURN v_reply;
         END IF;
     END IF;
-    v_notify := v_state = 'pending' AND p_delay_s = 0 AND batonq._nobody_claimable(p_queue);
+    v_notify := v_state = 'pending' AND p_delay_s = 0;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
                               idempotency_key, parent_id, root_id)
     VALUES (v_id, p_queue, v_state, p_priority, now() + make_interval(secs => p_delay_s), p_payload,
@@ -193,8 +181,7 @@ BEGIN
 
     v_ids := ARRAY(SELECT nextval('batonq.task_id_seq') FROM generate_series(1, v_n));
     v_notify := v_state = 'pending'
-                AND EXISTS (SELECT FROM generate_series(1, v_n) g(i) WHERE coalesce(p_delays_s[g.i], 0) = 0)
-                AND batonq._nobody_claimable(p_queue);
+                AND EXISTS (SELECT FROM generate_series(1, v_n) g(i) WHERE coalesce(p_delays_s[g.i], 0) = 0);
 
     IF p_idempotency_keys IS NULL THEN
         RETURN QUERY

@@ -101,11 +101,11 @@ BEGIN
 END $$;
 
 -- Complete many leased tasks in one call: one reply per token, in order.
--- Tokens are parsed once; the live leases of each queue move in one set of
--- statements, and only the rest (replays, refusals) go one by one. Unlike
--- the other functions it may plan for its arguments (plan_cache_mode auto):
--- a batch pays for one plan, and a generic DELETE on the partitioned table
--- opens all 16 partitions.
+-- Tokens are parsed once, into one array; the live leases of each queue move
+-- in one set of statements, and only the rest (replays, refusals) go one by
+-- one. Unlike the other functions it may plan for its arguments
+-- (plan_cache_mode auto): a batch pays for one plan, and a generic DELETE on
+-- the partitioned table opens all 16 partitions.
 CREATE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
@@ -113,33 +113,29 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = auto SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_n        integer := coalesce(cardinality(p_lease_tokens), 0);
-    v_queues   text[];
-    v_ids      bigint[];
-    v_fences   bigint[];
-    v_secrets  uuid[];
-    v_queue    text;
-    v_limit    integer;
-    v_bad      integer;
-    v_moved    integer[];
+    v_refs      batonq.lease_ref[] := ARRAY(
+        SELECT batonq._parse_token(u.tok) FROM unnest(p_lease_tokens) WITH ORDINALITY AS u(tok, ord)
+         ORDER BY u.ord);
+    v_n         integer := cardinality(v_refs);
+    v_done      boolean[] := array_fill(false, ARRAY[v_n]);
+    v_accepted  integer := 0;
+    v_queue     text;
+    v_limit     integer;
+    v_bad       integer;
+    v_moved     integer[];
     v_moved_ids bigint[];
-    v_joined   boolean;
-    v_done     boolean[] := array_fill(false, ARRAY[coalesce(cardinality(p_lease_tokens), 0)]);
-    v_replies  batonq.submit_reply[] := '{}';
-    v_ord      integer;
+    v_joined    boolean;
+    v_replies   batonq.submit_reply[] := '{}';
+    v_ord       integer;
 BEGIN
     IF cardinality(p_results) > v_n THEN
         PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
     END IF;
-    SELECT array_agg(t.queue ORDER BY t.ord), array_agg(t.task_id ORDER BY t.ord),
-           array_agg(t.fencing_token ORDER BY t.ord), array_agg(t.secret ORDER BY t.ord)
-      INTO v_queues, v_ids, v_fences, v_secrets
-      FROM batonq._parse_tokens(p_lease_tokens) t;
 
-    FOR v_queue IN SELECT DISTINCT q FROM unnest(v_queues) AS q LOOP
+    FOR v_queue IN SELECT DISTINCT r.queue FROM unnest(v_refs) AS r LOOP
         v_limit := batonq._result_limit(v_queue);
         SELECT u.ord INTO v_bad
-          FROM unnest(v_queues, p_results) WITH ORDINALITY AS u(q, res, ord)
+          FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
          WHERE u.q = v_queue AND octet_length(u.res::text) > v_limit
          LIMIT 1;
         IF v_bad IS NOT NULL THEN
@@ -147,8 +143,7 @@ BEGIN
         END IF;
         WITH input AS MATERIALIZED (
             SELECT u.ord, u.id, u.fence, u.secret, u.res
-              FROM unnest(v_queues, v_ids, v_fences, v_secrets, p_results) WITH ORDINALITY
-                   AS u(q, id, fence, secret, res, ord)
+              FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
              WHERE u.q = v_queue
         ), moved AS (
             DELETE FROM batonq.tasks t
@@ -171,6 +166,7 @@ BEGIN
             FOREACH v_ord IN ARRAY v_moved LOOP
                 v_done[v_ord] := true;
             END LOOP;
+            v_accepted := v_accepted + cardinality(v_moved);
             -- The batons leave in the transaction that accepts the completions.
             IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_queue) THEN
                 PERFORM batonq._hand_off(v_queue, v_moved_ids);
@@ -179,18 +175,19 @@ BEGIN
     END LOOP;
 
     -- The rest: replays and refusals, each with its own answer.
-    FOR i IN 1 .. v_n LOOP
-        CONTINUE WHEN v_done[i];
-        v_replies[i] := batonq._refuse(ROW(v_queues[i], v_ids[i], v_fences[i], v_secrets[i])::batonq.lease_ref,
-                                       'complete', p_results[i]);
-    END LOOP;
+    IF v_accepted < v_n THEN
+        FOR i IN 1 .. v_n LOOP
+            CONTINUE WHEN v_done[i];
+            v_replies[i] := batonq._refuse(v_refs[i], 'complete', p_results[i]);
+        END LOOP;
+    END IF;
 
     RETURN QUERY
-    SELECT i, v_ids[i], v_queues[i],
+    SELECT i, (v_refs[i]).task_id, (v_refs[i]).queue,
            CASE WHEN v_done[i] THEN 'accepted' ELSE (v_replies[i]).outcome END,
            CASE WHEN v_done[i] THEN 'done' ELSE (v_replies[i]).state END,
-           v_fences[i],
-           CASE WHEN v_done[i] THEN v_fences[i] ELSE (v_replies[i]).current_fencing_token END
+           (v_refs[i]).fencing_token,
+           CASE WHEN v_done[i] THEN (v_refs[i]).fencing_token ELSE (v_replies[i]).current_fencing_token END
       FROM generate_series(1, v_n) AS i;
 END $$;
 

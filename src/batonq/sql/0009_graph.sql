@@ -165,8 +165,7 @@ DECLARE
     v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
     v_key   text := format('baton:%s:%s:%s', p_parent.id, p_edge.id, p_index);
     v_id    bigint := nextval('batonq.task_id_seq');
-    v_notify boolean := p_state = 'pending' AND p_edge.delay_s = 0
-                        AND batonq._nobody_claimable(p_edge.to_queue);
+    v_notify boolean := p_state = 'pending' AND p_edge.delay_s = 0;
 BEGIN
     INSERT INTO batonq.idempotency_keys (queue, key, task_id) VALUES (p_edge.to_queue, v_key, v_id)
     ON CONFLICT (queue, key) DO NOTHING;
