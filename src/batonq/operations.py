@@ -131,7 +131,7 @@ def enqueue_many(
 ) -> Call[list[Enqueued]]:
     return Call(
         "SELECT task_id, queue, created, state, run_at"
-        " FROM batonq.enqueue_many(%s, %s::jsonb[], %s::text[], %s::integer[],"
+        " FROM batonq.enqueue_many(%s, %b::jsonb[], %s::text[], %s::integer[],"
         " %s::double precision[], %s, %s, %s)",
         (
             queue,
@@ -179,9 +179,11 @@ def complete(lease_token: str, result: JSON = None) -> Call[Submitted]:
 
 def complete_many(items: Sequence[tuple[str, JSON]]) -> Call[list[Submitted]]:
     """Replies in order; refused items come back with their outcome, unraised."""
+    # %b: arrays in binary, because the text format escapes every element
+    # with a regex (about a fifth of a batch-100 claim + complete loop's time).
     return Call(
         "SELECT task_id, queue, outcome, state, fencing_token, current_fencing_token, NULL, NULL"
-        " FROM batonq.complete_many(%s::text[], %s::jsonb[])",
+        " FROM batonq.complete_many(%b::text[], %b::jsonb[])",
         ([token for token, _ in items], [_json(result) for _, result in items]),
         _all(Submitted),
     )
