@@ -256,8 +256,47 @@ BEGIN
     END IF;
 END $$;
 
+-- Plain batons (no fan-out, no join) for a batch of tasks just finished in
+-- one statement: the same keys, rows and wake-up as _baton, at set cost.
+-- Tasks whose key is taken already (a replayed completion) get no second
+-- baton.
+CREATE FUNCTION batonq._batons(p_edge batonq.edges, p_queue text, p_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
+    v_made  integer;
+BEGIN
+    WITH src AS MATERIALIZED (
+        SELECT a.id AS parent_id, a.root_id, a.priority, a.result,
+               format('baton:%s:%s:0', a.id, p_edge.id) AS key, nextval('batonq.task_id_seq') AS id
+          FROM batonq.archive a
+         WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue AND a.state = 'done'
+           AND batonq._edge_matches(p_edge, a.result)
+    ), keyed AS (
+        -- In key order, like enqueue_many: racing batches cannot deadlock.
+        INSERT INTO batonq.idempotency_keys (queue, key, task_id)
+        SELECT p_edge.to_queue, s.key, s.id FROM src s ORDER BY s.key
+        ON CONFLICT (queue, key) DO NOTHING
+        RETURNING task_id
+    )
+    INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
+                              idempotency_key, parent_id, root_id)
+    SELECT s.id, p_edge.to_queue, 'pending', coalesce(p_edge.priority, s.priority),
+           now() + make_interval(secs => p_edge.delay_s),
+           coalesce(s.result #> batonq._pointer_path(p_edge.map), 'null'),
+           v_queue.max_attempts, s.key, s.parent_id, s.root_id
+      FROM src s
+     WHERE s.id IN (SELECT k.task_id FROM keyed k);
+    GET DIAGNOSTICS v_made = ROW_COUNT;
+    IF v_made > 0 AND p_edge.delay_s = 0 THEN
+        PERFORM pg_notify('batonq', p_edge.to_queue);
+    END IF;
+END $$;
+
 -- Tasks of p_queue just finished as done (archived in this transaction):
--- advance their joins and hand their results on along every edge.
+-- advance their joins and hand their results on along every edge. Plain
+-- edges take the whole batch in one statement; fan-outs and joins go task
+-- by task.
 CREATE FUNCTION batonq._hand_off(p_queue text, p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -267,12 +306,21 @@ BEGIN
     FOR v_task IN
         SELECT * FROM batonq.archive a
          WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue AND a.state = 'done'
+           AND a.join_task_id IS NOT NULL
          ORDER BY a.id
     LOOP
-        IF v_task.join_task_id IS NOT NULL THEN
-            PERFORM batonq._join_progress(v_task.join_task_id, false, v_task.id, NULL);
+        PERFORM batonq._join_progress(v_task.join_task_id, false, v_task.id, NULL);
+    END LOOP;
+    FOR v_edge IN SELECT * FROM batonq.edges WHERE from_queue = p_queue ORDER BY to_queue LOOP
+        IF NOT v_edge.is_join AND v_edge.fan_out IS NULL THEN
+            PERFORM batonq._batons(v_edge, p_queue, p_ids);
+            CONTINUE;
         END IF;
-        FOR v_edge IN SELECT * FROM batonq.edges WHERE from_queue = p_queue ORDER BY to_queue LOOP
+        FOR v_task IN
+            SELECT * FROM batonq.archive a
+             WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue AND a.state = 'done'
+             ORDER BY a.id
+        LOOP
             CONTINUE WHEN NOT batonq._edge_matches(v_edge, v_task.result);
             IF v_edge.is_join THEN
                 -- Elements of a fan-out reach the join through it; a task that
@@ -280,11 +328,8 @@ BEGIN
                 CONTINUE WHEN v_task.join_task_id IS NOT NULL;
                 PERFORM batonq._baton(v_edge, v_task, 0,
                     jsonb_build_array(v_task.result #> batonq._pointer_path(v_edge.map)), 'pending', NULL);
-            ELSIF v_edge.fan_out IS NOT NULL THEN
-                PERFORM batonq._fan_out(v_edge, v_task);
             ELSE
-                PERFORM batonq._baton(v_edge, v_task, 0,
-                    v_task.result #> batonq._pointer_path(v_edge.map), 'pending', NULL);
+                PERFORM batonq._fan_out(v_edge, v_task);
             END IF;
         END LOOP;
     END LOOP;
