@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Queue-graph throughput end to end: a 3-step pipeline against 3N independent tasks.
 
-On a scratch database it creates (``batonq_bench_<pid>``, bench_core.py's
+On a scratch database it creates (``batonq_bench_<pid>``, batonq.bench's
 ``scratch_database``; dropped afterwards unless ``--keep``), each run measures
 two systems, one after the other (their order alternates run by run):
 
@@ -69,10 +69,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import psycopg
-from bench_core import _batonq_source, _git_commit, machine_info, postgres_info, scratch_database
 from psycopg.conninfo import conninfo_to_dict
 
 import batonq
+from batonq.bench import batonq_source, git_commit, machine_info, postgres_info, scratch_database
 
 BENCH_DIR = Path(__file__).resolve().parent
 HANDLERS_DIR = BENCH_DIR / "handlers"
@@ -384,8 +384,8 @@ def run_benchmark(args: argparse.Namespace, log: Callable[[str], None]) -> dict[
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "mode": "quick" if args.quick else "full",
         "batonq_version": batonq.__version__,
-        "git_commit": _git_commit(),
-        "batonq_source": _batonq_source(),
+        "git_commit": git_commit(BENCH_DIR),
+        "batonq_source": batonq_source(),
         "machine": machine_info(),
         "args": {k: v for k, v in vars(args).items() if k not in ("out", "dsn")},
         "worker_command": " ".join(worker_command("DSN", args.concurrency)),

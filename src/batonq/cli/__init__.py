@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from batonq.cli import enqueue, graph, keys, leases, mcp, migrate, queues, serve, tasks, worker
+from batonq.cli import bench, enqueue, graph, keys, leases, mcp, migrate, queues, serve, tasks, worker
 from batonq.cli.common import EXIT_CODES_HELP, BatonqGroup, Settings, dsn_option
 
 __all__ = ["main"]
@@ -52,3 +52,4 @@ main.add_command(graph.graph)
 main.add_command(serve.serve)
 main.add_command(keys.keys)
 main.add_command(mcp.mcp)
+main.add_command(bench.bench)
