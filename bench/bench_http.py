@@ -16,8 +16,9 @@ second claimed and completed:
 at batch sizes 10 and 100, with 2 and 4 threads. Every run starts from the same
 state (tables truncated, the tasks loaded untimed, VACUUM ANALYZE); the
 targets alternate run by run, and each figure is the median of the runs with
-their min-max. Results go to ``bench/results/http-<timestamp>.json`` and a
-table (Markdown with ``--markdown``) is printed.
+their min-max. Results go to ``bench/results/http-<timestamp>.json``
+(``--out`` another directory) and a table (Markdown with ``--markdown``) is
+printed.
 
 Usage::
 
@@ -283,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="timed runs per scenario (default 3)")
     parser.add_argument("--quick", action="store_true", help="small runs, for a smoke test")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    parser.add_argument("--no-save", action="store_true", help="do not write bench/results/http-*.json")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for http-<timestamp>.json")
+    parser.add_argument("--no-save", action="store_true", help="do not write the JSON results")
     args = parser.parse_args(argv)
 
     runs = 1 if args.quick else args.runs
@@ -336,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         "rates": rates,
     }
     if not args.no_save:
-        RESULTS_DIR.mkdir(exist_ok=True)
-        path = RESULTS_DIR / f"http-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"http-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
         path.write_text(json.dumps(report, indent=2) + "\n")
         print(f"results: {path}", file=sys.stderr)
     print(f"{about['cpu']}, {about['cpus']} CPUs, PostgreSQL {about['postgresql']}, Python {about['python']}")

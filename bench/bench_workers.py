@@ -5,7 +5,10 @@ For each system the benchmark creates its own scratch database
 (``batonq_bench_workers_<system>_<pid>``), installs that system's schema, and
 then, run by run (the systems alternate, so a noisy machine hurts them alike):
 
-1. enqueues N no-op jobs in batches (untimed), then ``VACUUM ANALYZE``;
+1. enqueues N no-op jobs, timed: a tenth one per call, the rest 100 per call
+   (each system's own client: batonq ``enqueue`` / ``enqueue_many``, PgQueuer
+   ``Queries.enqueue``, Procrastinate ``batch_defer_async``), then ``VACUUM
+   ANALYZE``;
 2. starts the system's worker as a subprocess with a no-op async handler;
 3. polls the database every ``--poll`` seconds until no job is left
    (deadline ``--deadline``), and waits for the worker to exit.
@@ -74,10 +77,11 @@ def _with_db(dsn: str, dbname: str) -> str:
     return urlunsplit(parts._replace(path=f"/{dbname}"))
 
 
-def _run(cmd: Sequence[str], env: dict[str, str]) -> None:
+def _run(cmd: Sequence[str], env: dict[str, str]) -> str:
     done = subprocess.run(cmd, env=env, cwd=PEERS_DIR, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout
 
 
 # --------------------------------------------------------------------------
@@ -111,7 +115,9 @@ class System:
     def install(self) -> None:
         raise NotImplementedError
 
-    def enqueue(self, n: int, batch: int) -> None:
+    def enqueue(self, n: int, batch: int) -> float:
+        """Enqueue n jobs, ``batch`` per call (1: the single-job call); the
+        seconds the calls took (connecting and imports excluded)."""
         raise NotImplementedError
 
     def worker(self, setting: int) -> list[str]:
@@ -131,13 +137,19 @@ class Batonq(System):
     def install(self) -> None:
         batonq.migrate(self.dsn)
 
-    def enqueue(self, n: int, batch: int) -> None:
+    def enqueue(self, n: int, batch: int) -> float:
         with batonq.connect(self.dsn, listen=False) as client:
+            started = time.perf_counter()
+            if batch == 1:
+                for i in range(n):
+                    client.enqueue(BATONQ_QUEUE, {"n": i})
+                return time.perf_counter() - started
             done = 0
             while done < n:
                 size = min(batch, n - done)
                 client.enqueue_many(BATONQ_QUEUE, [{"n": i} for i in range(done, done + size)])
                 done += size
+            return time.perf_counter() - started
 
     def worker(self, setting: int) -> list[str]:
         return [
@@ -158,8 +170,8 @@ class PgQueuer(System):
         assert self.venv is not None
         _run([str(self.venv / "bin" / "pgq"), "--pg-dsn", self.dsn, "install"], self.env)
 
-    def enqueue(self, n: int, batch: int) -> None:
-        _run([self.python(), "pgqueuer_noop.py", "enqueue", str(n), str(batch)], self.env)
+    def enqueue(self, n: int, batch: int) -> float:
+        return float(_run([self.python(), "pgqueuer_noop.py", "enqueue", str(n), str(batch)], self.env))
 
     def worker(self, setting: int) -> list[str]:
         # Its own QueueManager in drain mode via PgQueuer.run(); `pgq run` fails
@@ -184,8 +196,8 @@ class Procrastinate(System):
     def install(self) -> None:
         _run([*self._cli(), "schema", "--apply"], self.env)
 
-    def enqueue(self, n: int, batch: int) -> None:
-        _run([self.python(), "procrastinate_noop.py", "enqueue", str(n), str(batch)], self.env)
+    def enqueue(self, n: int, batch: int) -> float:
+        return float(_run([self.python(), "procrastinate_noop.py", "enqueue", str(n), str(batch)], self.env))
 
     def worker(self, setting: int) -> list[str]:
         return [*self._cli(), "worker", "-q", PROCRASTINATE_QUEUE, "-c", str(setting), "--one-shot"]
@@ -228,7 +240,10 @@ SETTINGS: tuple[Setting, ...] = (  # batonq's come from --batonq-c
 
 
 def measure(system: System, setting: Setting, n: int, *, poll: float, deadline: float) -> dict[str, Any]:
-    system.enqueue(n, 1000)
+    # The jobs go in timed: a tenth one per call, the rest 100 per call.
+    singles = max(1, n // 10)
+    single_s = system.enqueue(singles, 1)
+    batch_s = system.enqueue(n - singles, 100)
     with psycopg.connect(system.dsn, autocommit=True) as conn, tempfile.TemporaryFile("w+") as errors:
         for table in system.tables:
             conn.execute(f"VACUUM (ANALYZE) {table}")
@@ -283,6 +298,8 @@ def measure(system: System, setting: Setting, n: int, *, poll: float, deadline: 
         "steady_per_s": (n - first_done) / steady_time if steady_time > 0 else None,
         "startup_s": first_at - start,
         "exit_code": rc,
+        "enqueue_b1_per_s": singles / single_s,
+        "enqueue_b100_per_s": (n - singles) / batch_s,
     }
 
 
@@ -353,6 +370,14 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         for key, results in runs.items()
         if results
     }
+    enqueue = {
+        name: {
+            metric: _stats([r[metric] for key, results in runs.items() if key.startswith(f"{name} ")
+                            for r in results])
+            for metric in ("enqueue_b1_per_s", "enqueue_b100_per_s")
+        }
+        for name in active
+    }  # fmt: skip
     return {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
@@ -365,6 +390,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "args": {k: v for k, v in vars(args).items() if k != "out"},
         "runs": runs,
         "summary": summary,
+        "enqueue": enqueue,
     }
 
 
@@ -384,6 +410,22 @@ def print_table(report: dict[str, Any], out: Callable[[str], None] = print) -> N
                 ratio = summary[b][metric]["median"] / s["median"]
                 row += f" {ratio:>16.2f} |" if key in peer_keys else f" {'':>16} |"
             out(row)
+
+
+def print_enqueue_table(report: dict[str, Any], out: Callable[[str], None] = print) -> None:
+    enqueue = report["enqueue"]
+    out("\nenqueue jobs/s (median [min-max] over every run of the system); ratio = batonq / peer")
+    out(f"| {'system':<14} | {'1 per call':>22} | {'100 per call':>24} | {'ratio 1':>7} | {'ratio 100':>9} |")
+    for name, rates in enqueue.items():
+        cells = []
+        for metric in ("enqueue_b1_per_s", "enqueue_b100_per_s"):
+            s = rates[metric]
+            cells.append(f"{s['median']:,.0f} [{s['min']:,.0f}-{s['max']:,.0f}]")
+        ratios = ["", ""]
+        if name != "batonq" and "batonq" in enqueue:
+            ratios = [f"{enqueue['batonq'][m]['median'] / rates[m]['median']:.2f}"
+                      for m in ("enqueue_b1_per_s", "enqueue_b100_per_s")]  # fmt: skip
+        out(f"| {name:<14} | {cells[0]:>22} | {cells[1]:>24} | {ratios[0]:>7} | {ratios[1]:>9} |")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -418,6 +460,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2))
     print(f"versions: {report['versions']}  skipped: {report['skipped'] or 'none'}")
     print_table(report)
+    print_enqueue_table(report)
     print(f"\nwritten: {out}")
     return 0
 

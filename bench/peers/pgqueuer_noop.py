@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import asyncpg
 from pgqueuer import PgQueuer
@@ -32,14 +33,17 @@ async def create() -> PgQueuer:
 
 
 async def enqueue(n: int, batch: int) -> None:
+    """Prints the seconds the enqueue calls took."""
     connection = await asyncpg.connect(os.environ["BENCH_DSN"])
     try:
         queries = Queries(AsyncpgDriver(connection))
+        started = time.perf_counter()
         done = 0
         while done < n:
             size = min(batch, n - done)
             await queries.enqueue([ENTRYPOINT] * size, [None] * size, [0] * size)
             done += size
+        print(time.perf_counter() - started)
     finally:
         await connection.close()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import procrastinate
 
@@ -23,12 +24,18 @@ async def noop() -> None:
 
 
 async def enqueue(n: int, batch: int) -> None:
+    """Prints the seconds the defer calls took."""
     async with app.open_async():
+        started = time.perf_counter()
         done = 0
         while done < n:
             size = min(batch, n - done)
-            await noop.batch_defer_async(*({} for _ in range(size)))
+            if size == 1:
+                await noop.defer_async()
+            else:
+                await noop.batch_defer_async(*({} for _ in range(size)))
             done += size
+        print(time.perf_counter() - started)
 
 
 if __name__ == "__main__":

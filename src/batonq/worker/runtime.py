@@ -124,6 +124,7 @@ class Worker:
         self._running: dict[int, Execution] = {}
         self._busy = 0
         """Jobs whose handler has not returned yet: the slots taken."""
+        self._more_claimable = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poke: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -275,6 +276,13 @@ class Worker:
                 continue
             failures = 0
             if claimed:
+                # Let the new jobs start before the next claim goes out.
+                await asyncio.sleep(0)
+                if self._more_claimable:
+                    continue
+                # Every queue gave fewer than asked: nothing more was
+                # claimable. New tasks notify; finished jobs poke.
+                await self._idle(self.wait_s)
                 continue
             # A poke during the claim (a job finished, a task arrived) may
             # mean work the claim did not see yet: claim again first.
@@ -286,12 +294,15 @@ class Worker:
     async def _idle(self, timeout: float) -> None:
         assert self._poke is not None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._poke.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._poke.wait()
 
     async def _claim_round(self, client: AsyncClient, rotation: int) -> int | None:
         """One claim per queue while slots are free, starting at a rotating
-        queue so none starves; how many were claimed, None on a lost database."""
+        queue so none starves; how many were claimed, None on a lost database.
+        Sets ``_more_claimable`` when a queue gave all that was asked."""
         total = 0
+        self._more_claimable = False
         for i in range(len(self.queues)):
             queue = self.queues[(rotation + i) % len(self.queues)]
             free = self._free_slots()
@@ -306,6 +317,7 @@ class Worker:
             for lease in leases:
                 self._start(client, lease, spec)
             total += len(leases)
+            self._more_claimable = self._more_claimable or len(leases) == free
         return total
 
     def _start(self, client: AsyncClient, lease: Lease, spec: TaskSpec) -> None:
@@ -321,9 +333,11 @@ class Worker:
 
     def _ran(self, execution: Execution) -> None:
         """A handler returned: its slot takes the next task while its outcome
-        is being submitted, so claims overlap completions."""
+        is being submitted, so claims overlap completions. (Only worth a claim
+        when the last one filled every free slot: else nothing was left.)"""
         self._busy -= 1
-        self._poke_dispatcher()
+        if self._more_claimable:
+            self._poke_dispatcher()
 
     def _finished(self, execution: Execution) -> None:
         self._running.pop(execution.job.fencing_token, None)

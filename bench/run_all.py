@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Every benchmark, one after the other, then the plots: the one command
+behind docs/benchmarks.md.
+
+Runs, each on scratch databases of its own on the same server:
+
+1. ``bench_core.py``     enqueue and claim + complete, batonq vs a raw SQL loop
+2. ``bench_workers.py``  worker throughput, batonq vs PgQueuer vs Procrastinate
+3. ``bench_latency.py``  enqueue -> handler start at 100 tasks/s, vs raw LISTEN/NOTIFY
+4. ``bench_backlog.py``  claim latency against 1k..1M pending and 1M finished
+5. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
+6. ``bench_http.py``     claim + submit over HTTP vs the Python client
+7. ``plot.py``           PNG plots of the newest results
+
+The peers run from virtualenvs of their own (``/tmp/peer-pgqueuer``,
+``/tmp/peer-procrastinate``), made here with pinned versions when missing;
+``--no-peers`` leaves them out. A step that fails is reported and the others
+still run; the exit code is 1 if any failed.
+
+Usage::
+
+    .venv/bin/python bench/run_all.py             # everything, about 30 minutes
+    .venv/bin/python bench/run_all.py --quick     # smoke: every script's small mode, ~2 minutes
+    .venv/bin/python bench/run_all.py --only core,workers --dsn postgresql://postgres@db:5432/postgres
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PEERS = {
+    Path("/tmp/peer-pgqueuer"): ["pgqueuer==1.6.0", "asyncpg"],
+    Path("/tmp/peer-procrastinate"): ["procrastinate==3.10.0", "psycopg[binary]"],
+}
+STEPS = ("core", "workers", "latency", "backlog", "graph", "http", "plot")
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: Path) -> list[list[str]]:
+    """The command lines of one step (the backlog runs 3 times in full mode)."""
+    py = [sys.executable]
+    if step == "core":
+        return [
+            [
+                *py,
+                str(BENCH / "bench_core.py"),
+                "--dsn",
+                dsn,
+                "--out",
+                str(out),
+                *(["--quick"] if quick else []),
+            ]
+        ]
+    if step == "workers":
+        only = [] if peers else ["--only", "batonq"]
+        return [
+            [
+                *py,
+                str(BENCH / "bench_workers.py"),
+                "--dsn",
+                dsn,
+                *only,
+                *(["--quick"] if quick else []),
+                "--out",
+                str(out / f"workers-{_stamp()}.json"),
+            ]
+        ]
+    if step == "latency":
+        timing = ["--seconds", "2", "--runs", "1"] if quick else ["--seconds", "10", "--runs", "3"]
+        return [[*py, str(BENCH / "bench_latency.py"), "--dsn", dsn, *timing, "--out", str(out)]]
+    if step == "backlog":
+        size = ["--quick"] if quick else []
+        return [
+            [
+                *py,
+                str(BENCH / "bench_backlog.py"),
+                "--dsn",
+                dsn,
+                *size,
+                "--json",
+                str(out / f"backlog-{_stamp()}-{run}.json"),
+            ]
+            for run in range(1 if quick else 3)
+        ]
+    if step == "graph":
+        return [
+            [
+                *py,
+                str(BENCH / "bench_graph.py"),
+                "--dsn",
+                dsn,
+                "--out",
+                str(out),
+                *(["--quick"] if quick else []),
+            ]
+        ]
+    if step == "http":
+        return [
+            [
+                *py,
+                str(BENCH / "bench_http.py"),
+                "--dsn",
+                dsn,
+                "--out",
+                str(out),
+                "--markdown",
+                *(["--quick"] if quick else []),
+            ]
+        ]
+    if step == "plot":
+        return [[*py, str(BENCH / "plot.py"), "--results", str(out), "--out", str(img)]]
+    raise ValueError(f"unknown step {step!r}")
+
+
+def ensure_peers() -> None:
+    """Make the peers' virtualenvs that are missing, with pinned versions."""
+    for venv, packages in PEERS.items():
+        if (venv / "bin" / "python").exists():
+            continue
+        print(f"making {venv} ({', '.join(packages)})", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", *packages], check=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="run_all.py", description=__doc__.split("\n\n")[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="every script's smoke mode (minutes, not half an hour)"
+    )
+    parser.add_argument("--no-peers", action="store_true", help="leave PgQueuer and Procrastinate out")
+    parser.add_argument(
+        "--only", default=",".join(STEPS), help="comma-separated steps (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=BENCH / "results", help="results directory (default bench/results)"
+    )
+    parser.add_argument(
+        "--img", type=Path, default=None, help="plots directory (default docs/img; quick: OUT/img)"
+    )
+    args = parser.parse_args(argv)
+    args.steps = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(args.steps) - set(STEPS))
+    if unknown:
+        parser.error(f"unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEPS)}")
+    if args.img is None:
+        args.img = args.out / "img" if args.quick else BENCH.parent / "docs" / "img"
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    peers = not args.no_peers and "workers" in args.steps
+    if peers:
+        ensure_peers()
+    failed: list[str] = []
+    started = time.monotonic()
+    for number, step in enumerate(args.steps, 1):
+        for command in commands(
+            step, quick=args.quick, peers=peers, dsn=args.dsn, out=args.out, img=args.img
+        ):
+            shown = " ".join(Path(c).name if c.startswith("/") else c for c in command[1:])
+            print(f"[{number}/{len(args.steps)}] {step}: {shown}", flush=True)
+            began = time.monotonic()
+            code = subprocess.run(command, cwd=BENCH.parent).returncode
+            print(
+                f"[{number}/{len(args.steps)}] {step}: exit {code} after {time.monotonic() - began:.0f} s",
+                flush=True,
+            )
+            if code != 0:
+                failed.append(step)
+    print(f"done in {time.monotonic() - started:.0f} s; results in {args.out}; plots in {args.img}")
+    if failed:
+        print(f"failed: {', '.join(dict.fromkeys(failed))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

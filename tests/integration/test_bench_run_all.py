@@ -1,0 +1,36 @@
+"""The one benchmark command runs every script's small mode and plots the
+results (no timing assertions): the benchmarks cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN_ALL = ROOT / "bench" / "run_all.py"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_all_quick_writes_every_result_and_plot(server_dsn: str, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(RUN_ALL), "--quick", "--no-peers", "--dsn", server_dsn, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    for kind in ("core", "workers", "latency", "backlog", "graph", "http"):
+        files = list(tmp_path.glob(f"{kind}-*.json"))
+        assert len(files) == 1, (kind, sorted(p.name for p in tmp_path.iterdir()))
+        assert json.loads(files[0].read_text()), kind
+    workers = json.loads(next(tmp_path.glob("workers-*.json")).read_text())
+    assert set(workers["skipped"]) <= {"pgqueuer", "procrastinate"}
+
+    plots = sorted((tmp_path / "img").glob("*.png"))
+    assert [p.name for p in plots] == ["backlog.png", "core-throughput.png", "latency.png", "workers.png"]
+    for plot in plots:
+        assert plot.read_bytes().startswith(PNG), plot.name
