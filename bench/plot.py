@@ -514,11 +514,10 @@ def plot_latency(path: Path, out_dir: Path) -> Path:
                     fontsize=8,
                 )
                 top = max(top, p[0] + p[2])
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        # Bars start at 0 on a linear axis: on a log axis a bar's length
+        # says nothing about its value.
         ax.yaxis.set_major_formatter(FuncFormatter(number))
-        ax.yaxis.set_minor_formatter(NullFormatter())
-        ax.set_ylim(top=top * 4)
+        ax.set_ylim(0, top * 1.25)
         ax.set_xticks(range(len(keys)), ["p50 (median)", "p99"])
         ax.grid(axis="x", visible=False)
         ax.set_ylabel("latency (ms)")
