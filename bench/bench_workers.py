@@ -311,6 +311,12 @@ def _stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _steady_stats(results: list[dict[str, Any]]) -> dict[str, float] | None:
+    """None when every run drained between two polls: too few jobs to tell."""
+    steady = [r["steady_per_s"] for r in results if r["steady_per_s"]]
+    return _stats(steady) if steady else None
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     systems: dict[str, System] = {
         "batonq": Batonq(),
@@ -364,7 +370,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     summary = {
         key: {
             "total_per_s": _stats([r["total_per_s"] for r in results]),
-            "steady_per_s": _stats([r["steady_per_s"] for r in results if r["steady_per_s"]]),
+            "steady_per_s": _steady_stats(results),
             "startup_s": _stats([r["startup_s"] for r in results]),
         }
         for key, results in runs.items()
@@ -405,8 +411,14 @@ def print_table(report: dict[str, Any], out: Callable[[str], None] = print) -> N
         out(header)
         for key in summary:
             s = summary[key][metric]
+            if s is None:
+                out(f"| {key:<40} | {'n/a':>8} | {'':>17} |")
+                continue
             row = f"| {key:<40} | {s['median']:>8,.0f} | {s['min']:>7,.0f}-{s['max']:<9,.0f} |"
             for b in batonq_keys:
+                if summary[b][metric] is None:
+                    row += f" {'n/a':>16} |"
+                    continue
                 ratio = summary[b][metric]["median"] / s["median"]
                 row += f" {ratio:>16.2f} |" if key in peer_keys else f" {'':>16} |"
             out(row)
@@ -434,7 +446,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)"
     )
-    parser.add_argument("--quick", action="store_true", help="smoke: 1 run, 500 jobs (200 for Procrastinate)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke: 1 run, 2,000 jobs (200 for Procrastinate)"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs per run (default %(default)s)")
     parser.add_argument("--slow-jobs", type=int, default=3_000,
@@ -453,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.runs, args.jobs, args.slow_jobs = 1, 500, 200
+        args.runs, args.jobs, args.slow_jobs = 1, 2_000, 200
     report = run_benchmark(args)
     out = Path(args.out) if args.out else RESULTS_DIR / f"workers-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

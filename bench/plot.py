@@ -377,7 +377,7 @@ def _tick(key: str) -> str:
 
 def _workers_panel(ax: Axes, report: dict[str, Any], metric: str, title: str) -> None:
     summary: dict[str, Any] = report["summary"]
-    keys = list(summary)
+    keys = [k for k in summary if summary[k].get(metric)]  # None: too few jobs to tell
     points = [spread(summary[k][metric], "median", "min", "max") for k in keys]
     colors = [color_of(k.split(" ", 1)[0]) for k in keys]
     ys = range(len(keys))

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
+from tests.bench_scripts import run_bench
 
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench" / "bench_graph.py"
 RATES = ("steady_tasks_per_s", "total_tasks_per_s", "steady_pipelines_per_s", "total_pipelines_per_s")
 
 
 def test_quick_graph_benchmark(server_dsn: str, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--dsn", server_dsn, "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_bench("bench_graph.py", "--quick", "--dsn", server_dsn, "--out", str(tmp_path))
 
     [result] = tmp_path.glob("graph-*.json")
     report = json.loads(result.read_text())

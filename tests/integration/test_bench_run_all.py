@@ -4,24 +4,15 @@ results (no timing assertions): the benchmarks cannot rot unnoticed."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-RUN_ALL = ROOT / "bench" / "run_all.py"
+from tests.bench_scripts import run_bench
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_run_all_quick_writes_every_result_and_plot(server_dsn: str, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(RUN_ALL), "--quick", "--no-peers", "--dsn", server_dsn, "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_bench("run_all.py", "--quick", "--no-peers", "--dsn", server_dsn, "--out", str(tmp_path), timeout=600)
 
     for kind in ("core", "workers", "latency", "backlog", "graph", "http"):
         files = list(tmp_path.glob(f"{kind}-*.json"))

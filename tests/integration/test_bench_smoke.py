@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+from tests.bench_scripts import run_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench" / "bench_core.py"
@@ -28,14 +29,7 @@ def test_quick_benchmark_writes_every_scenario(server_dsn: str, tmp_path: Path) 
     assert {"enqueue_b1_c1", "enqueue_b1_c8", "enqueue_b100_c1", "enqueue_b10000_c1"} <= set(names)
     assert {"claim_complete_b1_c4", "claim_complete_b10_c2", "claim_complete_b100_c2"} <= set(names)
 
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--quick", "--quiet", "--dsn", server_dsn, "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_bench("bench_core.py", "--quick", "--quiet", "--dsn", server_dsn, "--out", str(tmp_path))
 
     [result] = tmp_path.glob("core-*.json")
     report = json.loads(result.read_text())
