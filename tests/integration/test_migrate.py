@@ -98,6 +98,29 @@ def test_migrate_twice_is_a_no_op(empty_db: Callable[[], str]) -> None:
     assert schema_of(dsn) == before
 
 
+def test_a_database_owner_without_createrole_migrates_where_the_roles_exist(
+    server_dsn: str, template_db: str
+) -> None:
+    """The roles are cluster-wide: once a superuser (or the template) made
+    them, an owner with no more than CREATEDB can set batonq up."""
+    owner = f"batonq_owner_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{owner}" LOGIN CREATEDB')
+        conn.execute(f'CREATE DATABASE "{owner}" OWNER "{owner}"')
+    try:
+        dsn = with_db(server_dsn, owner, user=owner)
+        assert [m.version for m in batonq.migrate(dsn)] == [v for v, _ in shipped()]
+        with batonq.connect(dsn, listen=False) as client:
+            task = client.enqueue("owner:q", {"n": 1})
+            [lease] = client.claim("owner:q")
+            assert lease.task_id == task.task_id
+            assert client.complete(lease.lease_token, "ok").outcome == "accepted"
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{owner}" WITH (FORCE)')
+            conn.execute(f'DROP ROLE IF EXISTS "{owner}"')
+
+
 def test_concurrent_migrations_apply_once(empty_db: Callable[[], str]) -> None:
     dsn = empty_db()
     start = threading.Barrier(4)

@@ -161,17 +161,29 @@ CREATE INDEX submits_task_idx ON batonq.submits (task_id, fencing_token);
 REVOKE ALL ON ALL TABLES IN SCHEMA batonq FROM PUBLIC;
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA batonq FROM PUBLIC;
 
+-- Roles are cluster-wide: made once, by whoever may (a superuser, or a DBA
+-- beforehand). Looked up first, so that a database owner without CREATEROLE
+-- can migrate where they exist; the exception covers a concurrent creator.
 DO $$
 BEGIN
-    CREATE ROLE batonq_reader NOLOGIN;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'batonq_reader') THEN
+        CREATE ROLE batonq_reader NOLOGIN;
+    END IF;
 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
 END $$;
 DO $$
 BEGIN
-    CREATE ROLE batonq_worker NOLOGIN;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'batonq_worker') THEN
+        CREATE ROLE batonq_worker NOLOGIN;
+    END IF;
 EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
 END $$;
-GRANT batonq_reader TO batonq_worker;
+DO $$
+BEGIN
+    IF NOT pg_has_role('batonq_worker', 'batonq_reader', 'MEMBER') THEN
+        GRANT batonq_reader TO batonq_worker;
+    END IF;
+END $$;
 GRANT USAGE ON SCHEMA batonq TO batonq_reader, batonq_worker;
 
 INSERT INTO batonq.migrations (version, name) VALUES (1, 'schema');
