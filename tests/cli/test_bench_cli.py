@@ -50,8 +50,8 @@ def test_quick_bench_on_two_scenarios(server_dsn: str, tmp_path: Path) -> None:
 
     # Progress (one line per scenario) on stderr; the table and the file on stdout.
     assert [line for line in result.stderr.splitlines() if line.startswith("[")] == [
-        "[1/2] enqueue_b1_c1: 200 tasks x 1 runs (warm-up 0)",
-        "[2/2] claim_complete_b10_c2: 300 tasks x 1 runs (warm-up 0)",
+        "[1/2] enqueue_b1_c1: 200 tasks x 1 run (warm-up 0)",
+        "[2/2] claim_complete_b10_c2: 300 tasks x 1 run (warm-up 0)",
     ]
     table = result.stdout.splitlines()
     assert table[0].split()[:3] == ["scenario", "batonq", "tasks/s"]

@@ -283,7 +283,7 @@ def run_benchmark(
             n = scenario.size(quick, scale)
             unit = scenario.batch * scenario.connections
             warmup = 0 if quick else max(unit, n // 5)
-            log(f"{scenario.name}: {n:,} tasks x {runs} runs (warm-up {warmup:,})")
+            log(f"{scenario.name}: {n:,} tasks x {runs} run{'' if runs == 1 else 's'} (warm-up {warmup:,})")
             report["scenarios"].append(
                 run_scenario(scenario, targets, admin, n=n, warmup=warmup, runs=runs, log=run_log or log)
             )
