@@ -243,3 +243,26 @@ def test_an_enqueue_that_commits_after_a_claim_drained_the_queue_still_wakes(dsn
         assert woken == [Q], "the claimer sleeps until its next poll with task 2 pending"
         [second] = claimer.execute("SELECT task_id FROM batonq.claim(%s)", (Q,)).fetchall()
         assert second != first
+
+
+@pytest.mark.parametrize(
+    ("delays_s", "wakes"),
+    [([60.0, 60.0], False), ([60.0, 0.0], True), ([60.0], True), (None, True)],
+    ids=["all-delayed", "one-now", "shorter-list", "no-delays"],
+)
+def test_enqueue_many_wakes_claimers_only_when_a_task_is_claimable_now(
+    client: batonq.Client, dsn: str, delays_s: list[float] | None, wakes: bool
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN batonq")
+        client.enqueue_many(Q, [{"n": 1}, {"n": 2}], delays_s=delays_s)
+        # A sentinel in another queue: once it arrives, the batch's
+        # notification (sent in an earlier commit) would have too.
+        client.enqueue("shop:sentinel", {})
+        woken: list[str] = []
+        for notify in listener.notifies(timeout=5):
+            woken.append(notify.payload)
+            if notify.payload == "shop:sentinel":
+                break
+    assert woken[-1:] == ["shop:sentinel"]
+    assert (Q in woken) is wakes

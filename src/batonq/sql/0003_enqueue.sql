@@ -98,7 +98,6 @@ DECLARE
     v_id     bigint := nextval('batonq.task_id_seq');
     v_state  text := CASE WHEN p_held THEN 'held' ELSE 'pending' END;
     v_reply  batonq.enqueued;
-    v_notify boolean;
 BEGIN
     PERFORM batonq._check_enqueue_args(p_priority, p_delay_s, p_max_attempts);
     PERFORM batonq._check_size('payload', p_payload, v_queue.max_body_bytes);
@@ -118,14 +117,13 @@ BEGIN
             RETURN v_reply;
         END IF;
     END IF;
-    v_notify := v_state = 'pending' AND p_delay_s = 0;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
                               idempotency_key, parent_id, root_id)
     VALUES (v_id, p_queue, v_state, p_priority, now() + make_interval(secs => p_delay_s), p_payload,
             coalesce(p_max_attempts, v_queue.max_attempts), p_idempotency_key, p_parent_id,
             CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END)
     RETURNING id, queue, true, state, run_at INTO v_reply;
-    IF v_notify THEN
+    IF v_state = 'pending' AND p_delay_s = 0 THEN
         PERFORM pg_notify('batonq', p_queue);
     END IF;
     RETURN v_reply;
@@ -156,7 +154,6 @@ DECLARE
     v_state  text := CASE WHEN p_held THEN 'held' ELSE 'pending' END;
     v_root   bigint := CASE WHEN p_parent_id IS NOT NULL THEN batonq._root_of(p_parent_id) END;
     v_bad    integer;
-    v_notify boolean;
 BEGIN
     IF v_n = 0 THEN
         RETURN;
@@ -180,8 +177,6 @@ BEGIN
     END IF;
 
     v_ids := ARRAY(SELECT nextval('batonq.task_id_seq') FROM generate_series(1, v_n));
-    v_notify := v_state = 'pending'
-                AND EXISTS (SELECT FROM generate_series(1, v_n) g(i) WHERE coalesce(p_delays_s[g.i], 0) = 0);
 
     IF p_idempotency_keys IS NULL THEN
         RETURN QUERY
@@ -233,7 +228,10 @@ BEGIN
                               WHERE t.id IS NULL AND a.id = k.task_id LIMIT 1) a ON true
          ORDER BY i.ord;
     END IF;
-    IF v_notify THEN
+    -- Claimable now when some task has no delay (a delays_s shorter than the
+    -- payloads leaves the rest at 0).
+    IF v_state = 'pending' AND (coalesce(cardinality(p_delays_s), 0) < v_n
+                                OR EXISTS (SELECT FROM unnest(p_delays_s) AS d WHERE coalesce(d, 0) = 0)) THEN
         PERFORM pg_notify('batonq', p_queue);
     END IF;
 END $$;

@@ -165,7 +165,6 @@ DECLARE
     v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
     v_key   text := format('baton:%s:%s:%s', p_parent.id, p_edge.id, p_index);
     v_id    bigint := nextval('batonq.task_id_seq');
-    v_notify boolean := p_state = 'pending' AND p_edge.delay_s = 0;
 BEGIN
     INSERT INTO batonq.idempotency_keys (queue, key, task_id) VALUES (p_edge.to_queue, v_key, v_id)
     ON CONFLICT (queue, key) DO NOTHING;
@@ -178,7 +177,7 @@ BEGIN
             now() + make_interval(secs => p_edge.delay_s), coalesce(p_payload, 'null'),
             v_queue.max_attempts, v_key, p_parent.id, p_parent.root_id, p_join_task_id,
             CASE WHEN p_join_task_id IS NOT NULL THEN p_index END);
-    IF v_notify THEN
+    IF p_state = 'pending' AND p_edge.delay_s = 0 THEN
         PERFORM pg_notify('batonq', p_edge.to_queue);
     END IF;
     RETURN v_id;
