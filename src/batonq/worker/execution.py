@@ -17,6 +17,7 @@ import psycopg
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost, PayloadTooLarge
 from batonq.models import JSON, Lease, Submitted
+from batonq.operations import task_ref
 from batonq.worker.app import TaskSpec
 from batonq.worker.batching import Completions
 from batonq.worker.failure import DEFAULT_LIMIT_BYTES, Failure, failure_of, fit_text, json_size
@@ -81,7 +82,7 @@ class Execution:
         self._beat: asyncio.TimerHandle | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._thread_busy = False
-        self.task = loop.create_task(self._run(), name=f"batonq-t_{lease.task_id}")
+        self.task = loop.create_task(self._run(), name=f"batonq-{task_ref(lease.task_id)}")
 
     @property
     def duration_s(self) -> float:
@@ -120,6 +121,12 @@ class Execution:
     # -- the run -------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._run_job()
+        finally:
+            self.job._detach()
+
+    async def _run_job(self) -> None:
         self._schedule_heartbeat()
         try:
             produced = await self._produce()
@@ -127,7 +134,6 @@ class Execution:
             self._stop_heartbeats()
             self._on_ran(self)
         if self.phase == "released":
-            self.job._detach()
             return  # the worker gave the lease back and accounts for it
         self.phase = "submitting"
         outcome = await self._submit(produced)
@@ -136,7 +142,6 @@ class Execution:
             await run_after(self._middleware, self.job, outcome)
         self._log(outcome)
         self._on_finished(self)
-        self.job._detach()
 
     async def _produce(self) -> Produced:
         """Run the before_job hooks and the handler: what the handler

@@ -68,7 +68,7 @@ class BaseJob:
         return event
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} t_{self.id} {self.queue} attempt {self.attempt}>"
+        return f"<{type(self).__name__} {task_ref(self.id)} {self.queue} attempt {self.attempt}>"
 
     def _detach(self) -> None:
         """The job is over: its worker no longer listens for a lost lease.

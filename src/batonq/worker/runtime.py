@@ -280,13 +280,11 @@ class Worker:
                 await asyncio.sleep(0)
                 if self._more_claimable:
                     continue
-                # Every queue gave fewer than asked: nothing more was
+                # Else every queue gave fewer than asked: nothing more was
                 # claimable. New tasks notify; finished jobs poke.
-                await self._idle(self.wait_s)
-                continue
-            # A poke during the claim (a job finished, a task arrived) may
-            # mean work the claim did not see yet: claim again first.
-            if self.burst and not self._running and not self._poke.is_set():
+            elif self.burst and not self._running and not self._poke.is_set():
+                # (A poke during the claim -- a job finished, a task arrived --
+                # may mean work the claim did not see yet: claim again first.)
                 log.info("burst: no claimable task left", extra=self._fields)
                 return
             await self._idle(self.wait_s)
