@@ -43,10 +43,14 @@ def test_enqueue_claim_submit(http: httpx.Client, sql: psycopg.Connection[Any]) 
     shown = task(http, task_id)
     assert (shown["state"], shown["result"], shown["worker"]) == ("done", {"shipped": True}, "w1")
     assert "lease_token" not in shown, "no listing shows a lease token"
+    # A repeat is answered from the archive and recorded as a replay.
+    again = http.post("/v1/submit", json={"lease_token": lease["lease_token"], "result": {"shipped": True}})
+    assert again.status_code == 200, again.text
+    assert again.json()["replayed"] is True
     ledger = sql.execute(
         "SELECT kind, outcome FROM batonq.submits WHERE task_id = %s", [int(task_id[2:])]
     ).fetchall()
-    assert ledger == [("complete", "accepted")]
+    assert ledger == [("complete", "replayed")]
 
 
 def test_a_late_submit_is_refused_and_the_newer_lease_stands(

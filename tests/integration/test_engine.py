@@ -68,7 +68,10 @@ def test_zombie_write_is_refused_and_set_aside(client: batonq.Client, sql: psyco
     ).fetchall()
     assert (a.fencing_token, "complete", "set_aside") in ledger
     assert (a.fencing_token, "heartbeat", "set_aside") in ledger
-    assert (b.fencing_token, "complete", "accepted") in ledger
+    assert [row for row in ledger if row[2] == "accepted"] == []
+    # The accepted complete is the archive row, under B's token.
+    archived = sql.execute("SELECT fencing_token, result FROM batonq.archive WHERE id = %s", (a.task_id,))
+    assert archived.fetchall() == [(b.fencing_token, {"by": "B"})]
 
 
 def test_expired_lease_nobody_claimed_may_still_complete(

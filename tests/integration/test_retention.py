@@ -36,9 +36,11 @@ def finish_days_ago(sql: psycopg.Connection[Any], task_id: int, days: int) -> No
 
 
 def done(client: batonq.Client, queue: str, key: str) -> int:
+    """A finished task with a row in the submit ledger (a replayed complete)."""
     task = client.enqueue(queue, {"k": key}, key=key)
     [lease] = client.claim(queue)
     client.complete(lease.lease_token, "ok")
+    assert client.complete(lease.lease_token, "ok").replayed
     return task.task_id
 
 

@@ -76,9 +76,7 @@ def test_sigterm_lets_running_jobs_finish_and_releases_the_rest(
     assert {lease.attempt for lease in reclaimed.values()} == {1}
     # Nothing lost, nothing doubled.
     assert set(states(sql)) == set(short) | set(long)
-    accepted = sql.execute(
-        "SELECT task_id FROM batonq.submits WHERE kind = 'complete' AND outcome = 'accepted'"
-    ).fetchall()
+    accepted = sql.execute("SELECT id FROM batonq.archive WHERE state = 'done'").fetchall()
     assert sorted(t for (t,) in accepted) == sorted(short)
     assert "released t_" in log
 

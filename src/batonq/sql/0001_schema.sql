@@ -140,9 +140,10 @@ CREATE TABLE batonq.idempotency_keys (
     PRIMARY KEY (queue, key)
 );
 
--- Every write about a leased task, accepted or not: the first accepted
--- complete/fail per (task, fencing token) is the outcome a replay returns;
--- refused writes are set aside here for audit.
+-- The writes about a leased task that a replay or an audit needs: accepted
+-- fails (a replay returns the first outcome per task and fencing token),
+-- replays, and refused writes, set aside for audit. An accepted complete
+-- writes no row here: the task's archive row holds its token and result.
 CREATE TABLE batonq.submits (
     task_id        bigint NOT NULL,
     queue          text NOT NULL,

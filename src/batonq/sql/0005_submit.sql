@@ -5,7 +5,8 @@
 -- task is unfinished: leased, or pending after its lease ran out with nobody
 -- claiming it since (nobody else holds it). The first accepted complete or
 -- fail per (task, token) is the outcome; a repeat returns it with outcome
--- 'replayed' and changes nothing. Anything else is refused with outcome
+-- 'replayed' and changes nothing (an accepted complete is found in the
+-- archive, an accepted fail in the submit ledger). Anything else is refused with outcome
 -- 'lease_lost' (or 'finished', when the task is done, dead or cancelled) and
 -- the task's current state and token, and set aside in the submit ledger.
 
@@ -16,21 +17,29 @@ RETURNS batonq.submit_reply
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_first  batonq.submits;
+    v_first  text;
     v_state  text;
     v_token  bigint;
     v_secret uuid;
     v_reply  batonq.submit_reply;
 BEGIN
     IF p_kind IN ('complete', 'fail') THEN
-        SELECT * INTO v_first FROM batonq.submits
-         WHERE task_id = p_ref.task_id AND fencing_token = p_ref.fencing_token
-           AND outcome = 'accepted' AND kind IN ('complete', 'fail')
-         LIMIT 1;
-        IF FOUND THEN
+        -- The first outcome under this token: an accepted complete is the
+        -- task's archive row (only a complete makes a task done, and the row
+        -- keeps its token); an accepted fail is in the ledger.
+        v_first := coalesce(
+            (SELECT a.state FROM batonq.archive a
+              WHERE a.id = p_ref.task_id AND a.queue = p_ref.queue
+                AND a.fencing_token = p_ref.fencing_token AND a.state = 'done'
+              LIMIT 1),
+            (SELECT s.state_after FROM batonq.submits s
+              WHERE s.task_id = p_ref.task_id AND s.fencing_token = p_ref.fencing_token
+                AND s.outcome = 'accepted' AND s.kind = 'fail'
+              LIMIT 1));
+        IF v_first IS NOT NULL THEN
             INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
-            VALUES (p_ref.task_id, p_ref.queue, p_ref.fencing_token, p_kind, 'replayed', v_first.state_after, p_body);
-            RETURN ROW(p_ref.task_id, p_ref.queue, 'replayed', v_first.state_after,
+            VALUES (p_ref.task_id, p_ref.queue, p_ref.fencing_token, p_kind, 'replayed', v_first, p_body);
+            RETURN ROW(p_ref.task_id, p_ref.queue, 'replayed', v_first,
                        p_ref.fencing_token, p_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
         END IF;
     END IF;
@@ -83,10 +92,6 @@ BEGIN
         RETURNING t
     ), archived AS (
         INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', p_result)).* FROM moved m
-    ), recorded AS (
-        INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
-        SELECT (m.t).id, (m.t).queue, (m.t).fencing_token, 'complete', 'accepted', 'done', p_result
-          FROM moved m
     )
     SELECT (m.t).id, (m.t).join_task_id IS NOT NULL INTO v_id, v_joined FROM moved m;
     IF v_id IS NULL THEN
@@ -146,18 +151,16 @@ BEGIN
               FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
              WHERE u.q = v_queue
         ), moved AS (
+            -- Each input row probes the primary key: (id, queue) names one
+            -- row. (An added id = ANY (all ids) rode along into every probe,
+            -- and the index scan sorted the whole array again for each row.)
             DELETE FROM batonq.tasks t
              USING input i
-             WHERE t.queue = v_queue AND t.id = ANY (ARRAY(SELECT id FROM input))
-               AND t.id = i.id AND t.fencing_token = i.fence
+             WHERE t.queue = v_queue AND t.id = i.id AND t.fencing_token = i.fence
                AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
             RETURNING t, i.res, i.ord
         ), archived AS (
             INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', m.res)).* FROM moved m
-        ), recorded AS (
-            INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
-            SELECT (m.t).id, (m.t).queue, (m.t).fencing_token, 'complete', 'accepted', 'done', m.res
-              FROM moved m
         )
         SELECT array_agg(m.ord::integer), array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL)
           INTO v_moved, v_moved_ids, v_joined
