@@ -87,7 +87,14 @@ def accepted(reply: Submitted) -> Submitted:
     return reply
 
 
+class JsonText(str):
+    """JSON text, sent as it is instead of serialised again (the worker
+    serialises each result once, to check it is JSON)."""
+
+
 def _json(value: JSON) -> Jsonb:
+    if isinstance(value, JsonText):
+        return Jsonb(value, dumps=str)
     return Jsonb(value)
 
 

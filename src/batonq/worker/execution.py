@@ -17,10 +17,10 @@ import psycopg
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost, PayloadTooLarge
 from batonq.models import JSON, Lease, Submitted
-from batonq.operations import task_ref
+from batonq.operations import JsonText, task_ref
 from batonq.worker.app import TaskSpec
 from batonq.worker.batching import Completions
-from batonq.worker.failure import DEFAULT_LIMIT_BYTES, Failure, failure_of, fit_text, json_size
+from batonq.worker.failure import DEFAULT_LIMIT_BYTES, Failure, failure_of, fit_text, json_text
 from batonq.worker.job import AsyncJob, BaseJob, Job
 from batonq.worker.middleware import Middleware, Outcome, run_after, run_before
 
@@ -231,12 +231,12 @@ class Execution:
     async def _complete(self, result: JSON) -> Outcome:
         token = self.job.lease_token
         try:
-            json_size(result)
+            text = JsonText(json_text(result))
         except (TypeError, ValueError) as error:
             bad = ValueError(f"the handler's result is not JSON: {error}")
             return await self._fail(bad, Failure(str(bad), requeue=False))
         try:
-            await self._send(lambda: self._completions.complete(token, result))
+            await self._send(lambda: self._completions.complete(token, text))
         except (PayloadTooLarge, psycopg.DataError) as error:
             return await self._fail(error, Failure(f"result refused: {error}", requeue=False))
         return Outcome("done", result=result, duration_s=self.duration_s)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from batonq.errors import PermanentError, Retry
 
-__all__ = ["DEFAULT_LIMIT_BYTES", "Failure", "failure_of", "fit_text", "json_size"]
+__all__ = ["DEFAULT_LIMIT_BYTES", "Failure", "failure_of", "fit_text", "json_size", "json_text"]
 
 DEFAULT_LIMIT_BYTES = 131072
 """A queue's default ``max_body_bytes``: payload, result and error each."""
@@ -26,9 +26,19 @@ class Failure:
     requeue: bool = True
 
 
+# One encoder, made once: json.dumps with any non-default option makes a new
+# encoder at every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
+def json_text(value: object) -> str:
+    """``value`` as JSON text; TypeError or ValueError if JSON cannot hold it."""
+    return _ENCODER.encode(value)
+
+
 def json_size(value: object) -> int:
     """The bytes ``value`` takes as JSON text, as the engine measures it."""
-    return len(json.dumps(value, ensure_ascii=False, allow_nan=False).encode())
+    return len(json_text(value).encode())
 
 
 def fit_text(text: str, limit_bytes: int) -> str:
