@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
@@ -79,7 +80,7 @@ class Execution:
         self._on_ran = on_ran
         self._on_finished = on_finished
         self._in_handler = False
-        self._beat: asyncio.TimerHandle | None = None
+        self._beat_due = math.inf
         self._heartbeat: asyncio.Task[None] | None = None
         self._thread_busy = False
         self.task = loop.create_task(self._run(), name=f"batonq-{task_ref(lease.task_id)}")
@@ -177,15 +178,18 @@ class Execution:
         finally:
             self._thread_busy = False
 
-    # Heartbeats: a timer per job (cheap; most jobs end before it fires), and
-    # a task only when one is due.
+    # Heartbeats: a due time per job, which the worker's tick looks at (no
+    # timer per job: most jobs end long before one is due), and a task only
+    # when one is.
 
     def _schedule_heartbeat(self) -> None:
-        interval = max(self.job.lease.lease_expires_in_s / 3, 0.05)
-        self._beat = self._loop.call_later(interval, self._start_heartbeat)
+        self._beat_due = time.monotonic() + self.job.lease.lease_expires_in_s / 3
 
-    def _start_heartbeat(self) -> None:
-        self._heartbeat = self._loop.create_task(self._send_heartbeat())
+    def beat_if_due(self, now: float) -> None:
+        """Start a heartbeat if one is due (the worker's tick calls this)."""
+        if now >= self._beat_due:
+            self._beat_due = math.inf  # until this one is answered
+            self._heartbeat = self._loop.create_task(self._send_heartbeat())
 
     async def _send_heartbeat(self) -> None:
         """Extend the lease; the next one is due a third of a lease later."""
@@ -201,8 +205,7 @@ class Execution:
             self._schedule_heartbeat()
 
     def _stop_heartbeats(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
+        self._beat_due = math.inf
         if self._heartbeat is not None:
             self._heartbeat.cancel()
 

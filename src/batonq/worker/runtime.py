@@ -42,6 +42,9 @@ EXIT_FORCED = 1
 """Stopped at once by ``stop(force=True)``; a second signal gives 128 + its number."""
 
 _RELEASE_TIMEOUT_S = 5.0
+_BEAT_TICK_S = 0.1
+"""How often running jobs are checked for a due heartbeat (one is due a
+third of the lease after the claim or the last heartbeat)."""
 _RETRY_BASE_S = 0.5
 _RETRY_MAX_S = 10.0
 
@@ -208,7 +211,7 @@ class Worker:
             listener = AsyncListener(client.dsn) if self.listen else AsyncNoListener()
             stack.push_async_callback(listener.close)
             relays = [asyncio.create_task(self._relay(listener, queue)) for queue in self.queues]
-            stack.push_async_callback(_cancel_all, relays)
+            stack.push_async_callback(_cancel_all, [*relays, asyncio.create_task(self._beat_ticks())])
             self._install_signal_handlers(stack)
             log.info("worker %s started: queues %s, concurrency %d", client.worker_name,
                      ", ".join(self.queues), self.concurrency, extra=self._fields)  # fmt: skip
@@ -246,6 +249,14 @@ class Worker:
             while True:
                 if await wake.wait(3600):
                     self._poke_dispatcher()
+
+    async def _beat_ticks(self) -> None:
+        """Start the heartbeats that are due, every ``_BEAT_TICK_S``."""
+        while True:
+            await asyncio.sleep(_BEAT_TICK_S)
+            now = time.monotonic()
+            for execution in list(self._running.values()):
+                execution.beat_if_due(now)
 
     def _free_slots(self) -> int:
         free = self.concurrency - self._busy
