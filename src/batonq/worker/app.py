@@ -9,7 +9,7 @@ import os
 import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
 from batonq.models import JSON
@@ -37,15 +37,16 @@ def is_async(handler: Callable[..., Any]) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
-    """One queue's handler. ``lease_s`` None means the queue's own."""
+    """One queue's handler. ``lease_s`` None means the queue's own.
+    ``is_async`` is worked out once here (the worker asks for every job)."""
 
     queue: str
     handler: Callable[..., Any]
     lease_s: int | None = None
+    is_async: bool = field(init=False)
 
-    @property
-    def is_async(self) -> bool:
-        return is_async(self.handler)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", is_async(self.handler))
 
 
 class App:
