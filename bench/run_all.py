@@ -10,7 +10,8 @@ Runs, each on scratch databases of its own on the same server:
 4. ``bench_backlog.py``  claim latency against 1k..1M pending and 1M finished
 5. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
 6. ``bench_http.py``     claim + submit over HTTP vs the Python client
-7. ``plot.py``           PNG plots of the newest results
+7. ``bench_idle.py``     CPU of an idle ``batonq worker``
+8. ``plot.py``           PNG plots of the newest results
 
 The peers run from virtualenvs of their own (``/tmp/peer-pgqueuer``,
 ``/tmp/peer-procrastinate``), made here with pinned versions when missing;
@@ -19,8 +20,8 @@ still run; the exit code is 1 if any failed.
 
 Usage::
 
-    .venv/bin/python bench/run_all.py             # everything, about 30 minutes
-    .venv/bin/python bench/run_all.py --quick     # smoke: every script's small mode, ~2 minutes
+    .venv/bin/python bench/run_all.py             # everything, about 10 minutes (2 cores)
+    .venv/bin/python bench/run_all.py --quick     # smoke: every script's small mode, about a minute
     .venv/bin/python bench/run_all.py --only core,workers --dsn postgresql://postgres@db:5432/postgres
 """
 
@@ -40,7 +41,7 @@ PEERS = {
     Path("/tmp/peer-pgqueuer"): ["pgqueuer==1.6.0", "asyncpg"],
     Path("/tmp/peer-procrastinate"): ["procrastinate==3.10.0", "psycopg[binary]"],
 }
-STEPS = ("core", "workers", "latency", "backlog", "graph", "http", "plot")
+STEPS = ("core", "workers", "latency", "backlog", "graph", "http", "idle", "plot")
 
 
 def _stamp() -> str:
@@ -118,6 +119,9 @@ def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: P
                 *(["--quick"] if quick else []),
             ]
         ]
+    if step == "idle":
+        seconds = "3" if quick else "60"
+        return [[*py, str(BENCH / "bench_idle.py"), "--dsn", dsn, "--seconds", seconds, "--out", str(out)]]
     if step == "plot":
         return [[*py, str(BENCH / "plot.py"), "--results", str(out), "--out", str(img)]]
     raise ValueError(f"unknown step {step!r}")
@@ -141,7 +145,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)"
     )
     parser.add_argument(
-        "--quick", action="store_true", help="every script's smoke mode (minutes, not half an hour)"
+        "--quick", action="store_true", help="every script's smoke mode (about a minute)"
     )
     parser.add_argument("--no-peers", action="store_true", help="leave PgQueuer and Procrastinate out")
     parser.add_argument(

@@ -130,6 +130,7 @@ class Worker:
         self._more_claimable = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poke: asyncio.Event | None = None
+        self._jobs_started: asyncio.Event | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._stopping = False
         self._forced = False
@@ -193,6 +194,7 @@ class Worker:
         """Run until stopped, on the running loop; returns the exit code."""
         self._loop = asyncio.get_running_loop()
         self._poke = asyncio.Event()
+        self._jobs_started = asyncio.Event()
         if self._stopping:  # stop() before run()
             self._stop_deadline = time.monotonic() + self.grace_s
         async with contextlib.AsyncExitStack() as stack:
@@ -251,8 +253,13 @@ class Worker:
                     self._poke_dispatcher()
 
     async def _beat_ticks(self) -> None:
-        """Start the heartbeats that are due, every ``_BEAT_TICK_S``."""
+        """Start the heartbeats that are due, every ``_BEAT_TICK_S`` while
+        jobs run (an idle worker does not tick)."""
+        assert self._jobs_started is not None
         while True:
+            if not self._running:
+                self._jobs_started.clear()
+                await self._jobs_started.wait()
             await asyncio.sleep(_BEAT_TICK_S)
             now = time.monotonic()
             for execution in list(self._running.values()):
@@ -330,7 +337,7 @@ class Worker:
         return total
 
     def _start(self, client: AsyncClient, lease: Lease, spec: TaskSpec) -> None:
-        assert self._executor is not None and self._completions is not None
+        assert self._executor is not None and self._completions is not None and self._jobs_started is not None
         execution = Execution(
             lease, spec, client=client, completions=self._completions, executor=self._executor,
             middleware=self.app.middlewares, log_fields=self._fields, on_ran=self._ran,
@@ -338,6 +345,7 @@ class Worker:
         )  # fmt: skip
         self.claimed += 1
         self._busy += 1
+        self._jobs_started.set()
         self._running[lease.fencing_token] = execution
 
     def _ran(self, execution: Execution) -> None:
