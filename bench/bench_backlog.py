@@ -16,7 +16,7 @@ followed by ``client.complete_many``) while the database holds:
 - ``finished F`` (default F = 1,000,000): the smallest pending backlog as
   above, plus F finished (``done``) tasks retained in ``batonq.archive``
   (today's day partition, spread over the five queues, half in the measured
-  queue) with one ``complete`` record each in ``batonq.submits``.
+  queue), as accepted completes leave them (no ledger row).
 
 The backlog is loaded untimed by direct ``INSERT ... SELECT`` as superuser
 (rows shaped as ``enqueue`` and ``complete`` would leave them: small jsonb
@@ -177,14 +177,6 @@ def insert_archive(conn: psycopg.Connection[Any], queues: list[str], n: int) -> 
              "lo": done + 1, "hi": done + k},
         )  # fmt: skip
         done += k
-    conn.execute(
-        """
-        INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after,
-                                    body, at)
-        SELECT id, queue, fencing_token, 'complete', 'accepted', 'done', result, finished_at
-          FROM batonq.archive
-        """
-    )
 
 
 def vacuum(conn: psycopg.Connection[Any]) -> None:
