@@ -9,7 +9,8 @@ then, run by run (the systems alternate, so a noisy machine hurts them alike):
    (each system's own client: batonq ``enqueue`` / ``enqueue_many``, PgQueuer
    ``Queries.enqueue``, Procrastinate ``batch_defer_async``), then ``VACUUM
    ANALYZE``;
-2. starts the system's worker as a subprocess with a no-op async handler;
+2. starts the system's worker as a subprocess with a no-op async handler
+   (batonq also with a no-op sync handler, which runs in its threads);
 3. polls the database every ``--poll`` seconds until no job is left
    (deadline ``--deadline``), and waits for the worker to exit.
 
@@ -120,7 +121,7 @@ class System:
         seconds the calls took (connecting and imports excluded)."""
         raise NotImplementedError
 
-    def worker(self, setting: int) -> list[str]:
+    def worker(self, setting: Setting) -> list[str]:
         raise NotImplementedError
 
     def version(self) -> str:
@@ -151,10 +152,11 @@ class Batonq(System):
                 done += size
             return time.perf_counter() - started
 
-    def worker(self, setting: int) -> list[str]:
+    def worker(self, setting: Setting) -> list[str]:
+        app = "batonq_noop:sync_app" if setting.sync else "batonq_noop:app"
         return [
-            sys.executable, "-m", "batonq", "--dsn", self.dsn, "worker", "batonq_noop:app",
-            "--queues", BATONQ_QUEUE, "--burst", "-c", str(setting), "--no-sweeper",
+            sys.executable, "-m", "batonq", "--dsn", self.dsn, "worker", app,
+            "--queues", BATONQ_QUEUE, "--burst", "-c", str(setting.value), "--no-sweeper",
             "--log-level", "warning",
         ]  # fmt: skip
 
@@ -199,8 +201,8 @@ class Procrastinate(System):
     def enqueue(self, n: int, batch: int) -> float:
         return float(_run([self.python(), "procrastinate_noop.py", "enqueue", str(n), str(batch)], self.env))
 
-    def worker(self, setting: int) -> list[str]:
-        return [*self._cli(), "worker", "-q", PROCRASTINATE_QUEUE, "-c", str(setting), "--one-shot"]
+    def worker(self, setting: Setting) -> list[str]:
+        return [*self._cli(), "worker", "-q", PROCRASTINATE_QUEUE, "-c", str(setting.value), "--one-shot"]
 
     def version(self) -> str:
         return _pip_version(self, "procrastinate")
@@ -229,6 +231,7 @@ class Setting:
     label: str  # e.g. "-c 200", "batch 100"
     value: int
     slow: bool = False  # uses --slow-jobs (a system ~10x slower than the others)
+    sync: bool = False  # batonq: the sync handler (threads) instead of the async one
 
 
 SETTINGS: tuple[Setting, ...] = (  # batonq's come from --batonq-c
@@ -258,7 +261,7 @@ def measure(system: System, setting: Setting, n: int, *, poll: float, deadline: 
             raise RuntimeError(f"{system.name}: {before} jobs waiting after enqueueing {n}")
         start = time.perf_counter()
         proc = subprocess.Popen(
-            system.worker(setting.value), env=system.env, cwd=PEERS_DIR,
+            system.worker(setting), env=system.env, cwd=PEERS_DIR,
             stdout=subprocess.DEVNULL, stderr=errors, text=True,
         )  # fmt: skip
         first_at: float | None = None
@@ -317,6 +320,10 @@ def _steady_stats(results: list[dict[str, Any]]) -> dict[str, float] | None:
     return _stats(steady) if steady else None
 
 
+def _ints(csv: str) -> list[int]:
+    return [int(c) for c in csv.split(",") if c.strip()]
+
+
 def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     systems: dict[str, System] = {
         "batonq": Batonq(),
@@ -333,9 +340,10 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
             print(f"skipping {name}: {why}", file=sys.stderr)
         else:
             active[name] = systems[name]
-    batonq_c = [int(c) for c in args.batonq_c.split(",")]
+    batonq_c = _ints(args.batonq_c)
     settings = [
         *(Setting("batonq", f"-c {c}" + (" (default)" if c == 10 else ""), c) for c in batonq_c),
+        *(Setting("batonq", f"-c {c} sync handler", c, sync=True) for c in _ints(args.batonq_sync_c)),
         *(s for s in SETTINGS if s.system != "batonq"),
     ]
     settings = [s for s in settings if s.system in active]
@@ -455,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="jobs per run for Procrastinate (default %(default)s)")  # fmt: skip
     parser.add_argument("--only", default="", help="comma-separated: batonq,pgqueuer,procrastinate")
     parser.add_argument("--batonq-c", default="200,10", help="batonq worker -c values (default %(default)s)")
+    parser.add_argument(
+        "--batonq-sync-c", default="200",
+        help="-c values for batonq with a sync handler ('' for none; default %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--pgqueuer-venv", default="/tmp/peer-pgqueuer")
     parser.add_argument("--procrastinate-venv", default="/tmp/peer-procrastinate")
     parser.add_argument(

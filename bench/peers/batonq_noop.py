@@ -1,4 +1,5 @@
-"""batonq: an App with one async no-op handler (run by ``batonq worker``)."""
+"""batonq: Apps with one no-op handler each, async (``app``) or sync
+(``sync_app``, run in the worker's threads), run by ``batonq worker``."""
 
 import batonq
 
@@ -9,4 +10,12 @@ app = batonq.App()
 
 @app.task(QUEUE)
 async def noop(job: batonq.Job) -> None:
+    return None
+
+
+sync_app = batonq.App()
+
+
+@sync_app.task(QUEUE)
+def noop_sync(job: batonq.Job) -> None:
     return None
