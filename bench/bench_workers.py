@@ -175,10 +175,10 @@ class PgQueuer(System):
     def enqueue(self, n: int, batch: int) -> float:
         return float(_run([self.python(), "pgqueuer_noop.py", "enqueue", str(n), str(batch)], self.env))
 
-    def worker(self, setting: int) -> list[str]:
+    def worker(self, setting: Setting) -> list[str]:
         # Its own QueueManager in drain mode via PgQueuer.run(); `pgq run` fails
         # at start in pgqueuer 1.6 here (setup_fancy_logger: 'str' has no 'name').
-        return [self.python(), "pgqueuer_noop.py", "work", str(setting)]
+        return [self.python(), "pgqueuer_noop.py", "work", str(setting.value)]
 
     def version(self) -> str:
         return _pip_version(self, "pgqueuer")
