@@ -473,6 +473,22 @@ def _percentiles(system: str, runs: list[dict[str, Any]]) -> Percentiles:
     return Percentiles(system, len(runs), sum(int(r.get("n", 0)) for r in runs), points)
 
 
+def _latency_cdf(ax: Axes, pooled: dict[str, list[float]]) -> None:
+    """The whole distribution: the share of tasks started within x ms, every
+    run's samples together."""
+    for system, samples in pooled.items():
+        label = "raw LISTEN/NOTIFY loop" if system == "raw" else f"{system} worker"
+        shares = [(i + 1) / len(samples) for i in range(len(samples))]
+        ax.step(samples, shares, where="post", color=color_of(system), label=label)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(number))
+    ax.set_ylim(0, 1.01)
+    ax.set_xlabel("latency (ms, log scale)")
+    ax.set_ylabel("share of tasks started")
+    ax.legend(loc="lower right", frameon=False)
+    ax.set_title("Distribution: every run's samples", fontsize=11)
+
+
 @styled
 def plot_latency(path: Path, out_dir: Path) -> Path:
     report = load(path)
@@ -485,7 +501,12 @@ def plot_latency(path: Path, out_dir: Path) -> Path:
         systems.sort(key=lambda s: (s.system != "batonq", s.system))
         if not systems:
             raise ResultError(f"{path.name}: no per-system runs")
-        fig, [ax] = new_figure(4.2)
+        pooled = {
+            s.system: sorted(ms for run in report[s.system] for ms in run.get("samples_ms", []))
+            for s in systems
+        }
+        fig, axes = new_figure(4.2, ncols=2 if all(pooled.values()) else 1)
+        ax = axes[0]
         keys = ("p50_ms", "p99_ms")
         width = 0.8 / len(systems)
         top = 0.0
@@ -525,7 +546,10 @@ def plot_latency(path: Path, out_dir: Path) -> Path:
         n_runs = runs_text({s.runs for s in systems})
         pace = f" at {report['rate']:g} tasks/s" if "rate" in report else ""
         each = f", {report['seconds']:g} s each" if "seconds" in report else ""
-        ax.set_title(f"Enqueue → handler start{pace} (median of {n_runs}{each}; bars min-max)", fontsize=11)
+        fig.suptitle(f"Enqueue → handler start{pace} ({n_runs}{each})")
+        ax.set_title(f"p50 and p99: median of {n_runs}, bars min-max", fontsize=11)
+        if len(axes) == 2:
+            _latency_cdf(axes[1], pooled)
         footer(fig, path, f"measured {when(None, path)}", cpus(None))
     except (KeyError, TypeError, ValueError, IndexError) as error:
         raise ResultError(f"{path.name} is not shaped like bench_latency.py's output: {error!r}") from error
