@@ -127,14 +127,24 @@ class AsyncClient:
                 cursor = await conn.execute(call.sql, call.params)
                 rows = await cursor.fetchall()
             else:
-                async with self._pool.connection() as pooled:
-                    cursor = await pooled.execute(call.sql, call.params)
-                    rows = await cursor.fetchall()
+                # The async client shields the round trip: when the caller is
+                # cancelled (an HTTP client gone, a worker stopping) the call
+                # still runs to its end and its connection goes back to the
+                # pool clean. Interrupted, psycopg would send a cancel request,
+                # and one that arrives late cancels the connection's next
+                # query: another caller's.
+                rows = await asyncio.shield(self._pooled(call))  # sync: rows = self._pooled(call)
         except psycopg.Error as error:
             raise from_database_error(error) from error
         # Parsed after the transaction ended: a refused write raises LeaseLost
         # only once its record in the submit ledger is committed.
         return call.parse(rows)
+
+    async def _pooled(self, call: Call[T]) -> operations.Rows:
+        """One round trip on a connection from the pool."""
+        async with self._pool.connection() as pooled:
+            cursor = await pooled.execute(call.sql, call.params)
+            return await cursor.fetchall()
 
     async def enqueue(
         self,

@@ -125,14 +125,24 @@ class Client:
                 cursor = conn.execute(call.sql, call.params)
                 rows = cursor.fetchall()
             else:
-                with self._pool.connection() as pooled:
-                    cursor = pooled.execute(call.sql, call.params)
-                    rows = cursor.fetchall()
+                # The async client shields the round trip: when the caller is
+                # cancelled (an HTTP client gone, a worker stopping) the call
+                # still runs to its end and its connection goes back to the
+                # pool clean. Interrupted, psycopg would send a cancel request,
+                # and one that arrives late cancels the connection's next
+                # query: another caller's.
+                rows = self._pooled(call)
         except psycopg.Error as error:
             raise from_database_error(error) from error
         # Parsed after the transaction ended: a refused write raises LeaseLost
         # only once its record in the submit ledger is committed.
         return call.parse(rows)
+
+    def _pooled(self, call: Call[T]) -> operations.Rows:
+        """One round trip on a connection from the pool."""
+        with self._pool.connection() as pooled:
+            cursor = pooled.execute(call.sql, call.params)
+            return cursor.fetchall()
 
     def enqueue(
         self,

@@ -149,7 +149,7 @@ def test_a_dropped_subscribers_tasks_come_back_after_their_lease(
     dropped.close()  # gone without a submit
 
     shown = http.get(f"/v1/tasks/{task_id}").json()
-    assert (shown["state"], shown["fencing_token"]) == ("leased", task["fencing_token"])
+    assert (shown.get("state"), shown.get("fencing_token")) == ("leased", task["fencing_token"]), shown
     age(sql, 3)  # the lease runs out; the server's sweeper returns the task
     wait_for(
         lambda: http.get(f"/v1/tasks/{task_id}").json()["state"] == "pending",
