@@ -49,12 +49,16 @@ __all__ = [
 class Scenario:
     """One measured workload: ``tasks`` per timed run (full mode)."""
 
-    name: str
     op: Op
     batch: int
     connections: int
     tasks: int
     quick_tasks: int
+
+    @property
+    def name(self) -> str:
+        """``enqueue_b100_c1``: what ``--only`` and the results call it."""
+        return f"{self.op}_b{self.batch}_c{self.connections}"
 
     def size(self, quick: bool, scale: float) -> int:
         if quick:
@@ -65,19 +69,19 @@ class Scenario:
 
 
 SCENARIOS: tuple[Scenario, ...] = (
-    Scenario("enqueue_b1_c1", "enqueue", 1, 1, 2_000, 200),
-    Scenario("enqueue_b1_c8", "enqueue", 1, 8, 4_000, 400),
-    Scenario("enqueue_b100_c1", "enqueue", 100, 1, 50_000, 500),
-    Scenario("enqueue_b10000_c1", "enqueue", 10_000, 1, 100_000, 10_000),
-    Scenario("claim_complete_b1_c1", "claim_complete", 1, 1, 1_500, 200),
-    Scenario("claim_complete_b1_c2", "claim_complete", 1, 2, 2_000, 200),
-    Scenario("claim_complete_b1_c4", "claim_complete", 1, 4, 2_500, 200),
-    Scenario("claim_complete_b10_c1", "claim_complete", 10, 1, 8_000, 300),
-    Scenario("claim_complete_b10_c2", "claim_complete", 10, 2, 10_000, 300),
-    Scenario("claim_complete_b10_c4", "claim_complete", 10, 4, 10_000, 400),
-    Scenario("claim_complete_b100_c1", "claim_complete", 100, 1, 30_000, 500),
-    Scenario("claim_complete_b100_c2", "claim_complete", 100, 2, 40_000, 600),
-    Scenario("claim_complete_b100_c4", "claim_complete", 100, 4, 40_000, 800),
+    Scenario("enqueue", 1, 1, 2_000, 200),
+    Scenario("enqueue", 1, 8, 4_000, 400),
+    Scenario("enqueue", 100, 1, 50_000, 500),
+    Scenario("enqueue", 10_000, 1, 100_000, 10_000),
+    Scenario("claim_complete", 1, 1, 1_500, 200),
+    Scenario("claim_complete", 1, 2, 2_000, 200),
+    Scenario("claim_complete", 1, 4, 2_500, 200),
+    Scenario("claim_complete", 10, 1, 8_000, 300),
+    Scenario("claim_complete", 10, 2, 10_000, 300),
+    Scenario("claim_complete", 10, 4, 10_000, 400),
+    Scenario("claim_complete", 100, 1, 30_000, 500),
+    Scenario("claim_complete", 100, 2, 40_000, 600),
+    Scenario("claim_complete", 100, 4, 40_000, 800),
 )
 
 
