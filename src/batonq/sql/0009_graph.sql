@@ -255,11 +255,11 @@ BEGIN
     END IF;
 END $$;
 
--- Plain batons (no fan-out, no join) for a batch of tasks just finished in
--- one statement: the same keys, rows and wake-up as _baton, at set cost.
--- Tasks whose key is taken already (a replayed completion) get no second
--- baton.
-CREATE FUNCTION batonq._batons(p_edge batonq.edges, p_queue text, p_ids bigint[]) RETURNS void
+-- Plain batons (no fan-out, no join) for a batch of tasks just finished
+-- (their archive rows) in one statement: the same keys, rows and wake-up as
+-- _baton, at set cost. Tasks whose key is taken already (a replayed
+-- completion) get no second baton.
+CREATE FUNCTION batonq._batons(p_edge batonq.edges, p_tasks batonq.archive[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
@@ -268,9 +268,8 @@ BEGIN
     WITH src AS MATERIALIZED (
         SELECT a.id AS parent_id, a.root_id, a.priority, a.result,
                format('baton:%s:%s:0', a.id, p_edge.id) AS key, nextval('batonq.task_id_seq') AS id
-          FROM batonq.archive a
-         WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue AND a.state = 'done'
-           AND batonq._edge_matches(p_edge, a.result)
+          FROM unnest(p_tasks) AS a
+         WHERE batonq._edge_matches(p_edge, a.result)
     ), keyed AS (
         -- In key order, like enqueue_many: racing batches cannot deadlock.
         INSERT INTO batonq.idempotency_keys (queue, key, task_id)
@@ -295,31 +294,27 @@ END $$;
 -- Tasks of p_queue just finished as done (archived in this transaction):
 -- advance their joins and hand their results on along every edge. Plain
 -- edges take the whole batch in one statement; fan-outs and joins go task
--- by task.
+-- by task. The archive rows are read once, for all of it.
 CREATE FUNCTION batonq._hand_off(p_queue text, p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_task batonq.archive;
-    v_edge batonq.edges;
-BEGIN
-    FOR v_task IN
-        SELECT * FROM batonq.archive a
+    v_tasks batonq.archive[] := ARRAY(
+        SELECT a FROM batonq.archive a
          WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue AND a.state = 'done'
-           AND a.join_task_id IS NOT NULL
-         ORDER BY a.id
-    LOOP
+         ORDER BY a.id);
+    v_task  batonq.archive;
+    v_edge  batonq.edges;
+BEGIN
+    FOREACH v_task IN ARRAY v_tasks LOOP
+        CONTINUE WHEN v_task.join_task_id IS NULL;
         PERFORM batonq._join_progress(v_task.join_task_id, false, v_task.id, NULL);
     END LOOP;
     FOR v_edge IN SELECT * FROM batonq.edges WHERE from_queue = p_queue ORDER BY to_queue LOOP
         IF NOT v_edge.is_join AND v_edge.fan_out IS NULL THEN
-            PERFORM batonq._batons(v_edge, p_queue, p_ids);
+            PERFORM batonq._batons(v_edge, v_tasks);
             CONTINUE;
         END IF;
-        FOR v_task IN
-            SELECT * FROM batonq.archive a
-             WHERE a.finished_at = now() AND a.id = ANY (p_ids) AND a.queue = p_queue AND a.state = 'done'
-             ORDER BY a.id
-        LOOP
+        FOREACH v_task IN ARRAY v_tasks LOOP
             CONTINUE WHEN NOT batonq._edge_matches(v_edge, v_task.result);
             IF v_edge.is_join THEN
                 -- Elements of a fan-out reach the join through it; a task that
