@@ -43,6 +43,13 @@ __all__ = ["AsyncClient", "connect_async"]
 
 T = TypeVar("T")
 
+# A registration for wake-ups (await_work) lasts this long, or twice the wait
+# it is for; it is renewed when less than the coming wait and this margin is
+# left. Short, so that enqueues stop notifying soon after every waiter got
+# busy, yet an idle worker (claiming every 5 s) renews only every other time.
+_AWAIT_S = 15.0
+_AWAIT_MARGIN_S = 1.0
+
 
 def _default_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -82,6 +89,7 @@ class AsyncClient:
             open=False,
         )
         self._listener = AsyncListener(dsn) if listen else AsyncNoListener()
+        self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
         self._sweeper = Sweeper(dsn) if sweeper else None
 
     async def open(self) -> AsyncClient:
@@ -210,7 +218,7 @@ class AsyncClient:
         if wait_s == 0:
             return await self._run(call)
         deadline = time.monotonic() + wait_s
-        async with self._listener.watch(queue) as wake:
+        async with self.watch(queue) as wake:
             while True:
                 leases = await self._run(call)
                 remaining = deadline - time.monotonic()
@@ -220,8 +228,27 @@ class AsyncClient:
 
     def watch(self, queue: str) -> contextlib.AbstractAsyncContextManager[AsyncWake]:
         """Wait for work in ``queue``: ``async with client.watch(q) as wake:
-        await wake.wait(timeout)`` returns early when a task may be claimable."""
-        return self._listener.watch(queue)
+        await wake.wait(timeout)`` returns early when a task may be claimable.
+
+        Look for work between waits: ``wait`` also returns True at once when
+        it had to register for wake-ups anew (see ``await_work``)."""
+        return self._listener.watch(queue, self.await_work)
+
+    async def await_work(self, queue: str, for_s: float) -> bool:
+        """Have ``queue`` send wake-ups for at least ``for_s`` more seconds.
+
+        The engine sends NOTIFY only while someone awaits a queue, so that
+        busy producers' commits do not queue behind each other. True when
+        this registered anew: a task that arrived before the registration
+        sent no wake-up, so look for work once more before sleeping. Call it
+        while listening (``watch`` does it for you)."""
+        now = time.monotonic()
+        if self._awaited.get(queue, 0.0) >= now + for_s + _AWAIT_MARGIN_S:
+            return False
+        register_s = min(max(_AWAIT_S, 2 * for_s), 3600.0)
+        await self._run(operations.await_work(queue, register_s))
+        self._awaited[queue] = now + register_s
+        return True
 
     async def heartbeat(
         self, lease_token: str, *, lease_s: int | None = None, stage: str | None = None

@@ -41,6 +41,13 @@ __all__ = ["Client", "connect"]
 
 T = TypeVar("T")
 
+# A registration for wake-ups (await_work) lasts this long, or twice the wait
+# it is for; it is renewed when less than the coming wait and this margin is
+# left. Short, so that enqueues stop notifying soon after every waiter got
+# busy, yet an idle worker (claiming every 5 s) renews only every other time.
+_AWAIT_S = 15.0
+_AWAIT_MARGIN_S = 1.0
+
 
 def _default_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -80,6 +87,7 @@ class Client:
             open=False,
         )
         self._listener = Listener(dsn) if listen else NoListener()
+        self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
         self._sweeper = Sweeper(dsn) if sweeper else None
 
     def open(self) -> Client:
@@ -208,7 +216,7 @@ class Client:
         if wait_s == 0:
             return self._run(call)
         deadline = time.monotonic() + wait_s
-        with self._listener.watch(queue) as wake:
+        with self.watch(queue) as wake:
             while True:
                 leases = self._run(call)
                 remaining = deadline - time.monotonic()
@@ -218,8 +226,27 @@ class Client:
 
     def watch(self, queue: str) -> contextlib.AbstractContextManager[Wake]:
         """Wait for work in ``queue``: ``with client.watch(q) as wake:
-        wake.wait(timeout)`` returns early when a task may be claimable."""
-        return self._listener.watch(queue)
+        wake.wait(timeout)`` returns early when a task may be claimable.
+
+        Look for work between waits: ``wait`` also returns True at once when
+        it had to register for wake-ups anew (see ``await_work``)."""
+        return self._listener.watch(queue, self.await_work)
+
+    def await_work(self, queue: str, for_s: float) -> bool:
+        """Have ``queue`` send wake-ups for at least ``for_s`` more seconds.
+
+        The engine sends NOTIFY only while someone awaits a queue, so that
+        busy producers' commits do not queue behind each other. True when
+        this registered anew: a task that arrived before the registration
+        sent no wake-up, so look for work once more before sleeping. Call it
+        while listening (``watch`` does it for you)."""
+        now = time.monotonic()
+        if self._awaited.get(queue, 0.0) >= now + for_s + _AWAIT_MARGIN_S:
+            return False
+        register_s = min(max(_AWAIT_S, 2 * for_s), 3600.0)
+        self._run(operations.await_work(queue, register_s))
+        self._awaited[queue] = now + register_s
+        return True
 
     def heartbeat(
         self, lease_token: str, *, lease_s: int | None = None, stage: str | None = None

@@ -2,8 +2,10 @@
 by all its waiters, never one per waiter.
 
 The engine sends ``NOTIFY batonq, '<queue>'`` when a task becomes claimable
-now (at most one per queue per transaction). A waiter that misses one (the
-listener was reconnecting) still polls at its client's poll interval.
+now (at most one per queue per transaction), while someone awaits the queue
+(``batonq.await_work``): a watch given ``renew`` keeps that registration
+current. A waiter that misses a wake-up (the listener was reconnecting)
+still polls at its client's poll interval.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import psycopg
 
@@ -51,12 +53,22 @@ class _Registry:
             return list(self._waiters.get(queue, ()))
 
 
+AsyncRenew = Callable[[str, float], Awaitable[bool]]
+"""``renew(queue, for_s)``: keep wake-ups for ``queue`` coming for ``for_s``
+more seconds; True when it registered anew (look for work before sleeping)."""
+Renew = Callable[[str, float], bool]
+
+
 class AsyncWake:
-    def __init__(self, event: asyncio.Event) -> None:
+    def __init__(self, event: asyncio.Event, queue: str = "", renew: AsyncRenew | None = None) -> None:
         self._event = event
+        self._queue = queue
+        self._renew = renew
 
     async def wait(self, timeout: float) -> bool:
         """Wait until the queue may have work, or ``timeout`` seconds."""
+        if self._renew is not None and await self._renew(self._queue, timeout):
+            return True  # registered anew: work may have come before it
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
             return True
@@ -76,7 +88,9 @@ class AsyncListener:
         self._ready = asyncio.Event()
 
     @contextlib.asynccontextmanager
-    async def watch(self, queue: str) -> AsyncIterator[AsyncWake]:
+    async def watch(self, queue: str, renew: AsyncRenew | None = None) -> AsyncIterator[AsyncWake]:
+        """Wake-ups for ``queue``; with ``renew``, registered for them first
+        (once listening) and kept registered by each ``wait``."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="batonq-listener")
         event = asyncio.Event()
@@ -84,7 +98,9 @@ class AsyncListener:
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), _READY_TIMEOUT_S)
-            yield AsyncWake(event)
+            if renew is not None:
+                await renew(queue, 0.0)
+            yield AsyncWake(event, queue, renew)
         finally:
             self._registry.remove(queue, event)
 
@@ -119,19 +135,23 @@ class AsyncNoListener:
     """Poll-only mode (e.g. behind a transaction-pooling PgBouncer)."""
 
     @contextlib.asynccontextmanager
-    async def watch(self, queue: str) -> AsyncIterator[AsyncWake]:
-        yield AsyncWake(asyncio.Event())
+    async def watch(self, queue: str, renew: AsyncRenew | None = None) -> AsyncIterator[AsyncWake]:
+        yield AsyncWake(asyncio.Event())  # nothing would wake it: no registration
 
     async def close(self) -> None:
         return None
 
 
 class Wake:
-    def __init__(self, event: threading.Event) -> None:
+    def __init__(self, event: threading.Event, queue: str = "", renew: Renew | None = None) -> None:
         self._event = event
+        self._queue = queue
+        self._renew = renew
 
     def wait(self, timeout: float) -> bool:
         """Wait until the queue may have work, or ``timeout`` seconds."""
+        if self._renew is not None and self._renew(self._queue, timeout):
+            return True  # registered anew: work may have come before it
         woken = self._event.wait(timeout)
         self._event.clear()
         return woken
@@ -149,7 +169,9 @@ class Listener:
         self._closed = threading.Event()
 
     @contextlib.contextmanager
-    def watch(self, queue: str) -> Iterator[Wake]:
+    def watch(self, queue: str, renew: Renew | None = None) -> Iterator[Wake]:
+        """Wake-ups for ``queue``; with ``renew``, registered for them first
+        (once listening) and kept registered by each ``wait``."""
         with self._start_lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="batonq-listener", daemon=True)
@@ -158,7 +180,9 @@ class Listener:
         self._registry.add(queue, event)
         try:
             self._ready.wait(_READY_TIMEOUT_S)
-            yield Wake(event)
+            if renew is not None:
+                renew(queue, 0.0)
+            yield Wake(event, queue, renew)
         finally:
             self._registry.remove(queue, event)
 
@@ -193,8 +217,8 @@ class NoListener:
     """Poll-only mode (e.g. behind a transaction-pooling PgBouncer)."""
 
     @contextlib.contextmanager
-    def watch(self, queue: str) -> Iterator[Wake]:
-        yield Wake(threading.Event())
+    def watch(self, queue: str, renew: Renew | None = None) -> Iterator[Wake]:
+        yield Wake(threading.Event())  # nothing would wake it: no registration
 
     def close(self) -> None:
         return None

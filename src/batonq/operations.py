@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from psycopg.types.json import Jsonb
@@ -166,6 +167,10 @@ def claim(
         (queue, worker, max_tasks, lease_s),
         _all(Lease),
     )
+
+
+def await_work(queue: str, for_s: float) -> Call[datetime]:
+    return Call("SELECT batonq.await_work(%s, %s)", (queue, for_s), lambda rows: rows[0][0])
 
 
 def check_wait(wait_s: float) -> float:

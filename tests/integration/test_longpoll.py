@@ -19,9 +19,12 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.waiting import wait_for
 
 import batonq
+from batonq import operations
 from batonq.listener import Listener
 
 Q = "shop:tasks"
+SENTINEL = "shop:sentinel"
+AWAIT_SQL = "SELECT batonq.await_work(%s, 60)"
 TRIES = 5
 WAKE_LIMIT_S = 0.1
 # So long that only a NOTIFY can wake a waiter in time: polling never does.
@@ -231,6 +234,7 @@ def test_an_enqueue_that_commits_after_a_claim_drained_the_queue_still_wakes(dsn
         enqueuer.execute("SELECT batonq.enqueue(%s, '{\"n\": 1}')", (Q,))
         enqueuer.commit()
         listener.execute("LISTEN batonq")
+        listener.execute(AWAIT_SQL, (Q,))
         # The claimer locks task 1; meanwhile task 2 is enqueued, uncommitted.
         [first] = claimer.execute("SELECT task_id FROM batonq.claim(%s)", (Q,)).fetchall()
         enqueuer.execute("SELECT batonq.enqueue(%s, '{\"n\": 2}')", (Q,))
@@ -255,14 +259,114 @@ def test_enqueue_many_wakes_claimers_only_when_a_task_is_claimable_now(
 ) -> None:
     with psycopg.connect(dsn, autocommit=True) as listener:
         listener.execute("LISTEN batonq")
+        for queue in (Q, SENTINEL):
+            listener.execute(AWAIT_SQL, (queue,))
         client.enqueue_many(Q, [{"n": 1}, {"n": 2}], delays_s=delays_s)
-        # A sentinel in another queue: once it arrives, the batch's
-        # notification (sent in an earlier commit) would have too.
-        client.enqueue("shop:sentinel", {})
-        woken: list[str] = []
-        for notify in listener.notifies(timeout=5):
-            woken.append(notify.payload)
-            if notify.payload == "shop:sentinel":
-                break
-    assert woken[-1:] == ["shop:sentinel"]
-    assert (Q in woken) is wakes
+        assert (Q in woken_before_sentinel(client, listener)) is wakes
+
+
+def woken_before_sentinel(client: batonq.Client, listener: psycopg.Connection[Any]) -> list[str]:
+    """The queues notified so far: enqueues a task to the (awaited) sentinel
+    queue and collects notifications up to its own. Notifications arrive in
+    commit order, so one sent earlier would have arrived by then."""
+    client.enqueue(SENTINEL, {})
+    woken: list[str] = []
+    for notify in listener.notifies(timeout=5):
+        woken.append(notify.payload)
+        if notify.payload == SENTINEL:
+            break
+    assert woken[-1:] == [SENTINEL], "the sentinel's notification never came"
+    return woken[:-1]
+
+
+def test_enqueues_notify_only_while_someone_awaits_the_queue(
+    client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN batonq")
+        listener.execute(AWAIT_SQL, (SENTINEL,))
+        client.enqueue(Q, {"awaited": False})
+        assert woken_before_sentinel(client, listener) == []
+        assert client.await_work(Q, 30) is True, "a new registration"
+        assert client.await_work(Q, 30) is False, "still registered for long enough"
+        client.enqueue(Q, {"awaited": True})
+        assert woken_before_sentinel(client, listener) == [Q]
+        sql.execute("UPDATE batonq.awaited SET until = now() - interval '1 second' WHERE queue = %s", (Q,))
+        client.enqueue(Q, {"awaited": "no longer"})
+        assert woken_before_sentinel(client, listener) == []
+
+
+def test_await_work_rejects_a_bad_duration(client: batonq.Client) -> None:
+    for for_s in (0, -1, 3601):
+        with pytest.raises(batonq.InvalidArgument, match="for_s"):
+            client._run(operations.await_work(Q, for_s))
+
+
+class Registrant:
+    """In a thread: await_work on ``Q``, then one claim, as a waiter does."""
+
+    def __init__(self, dsn: str) -> None:
+        self.claimed: list[int] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(dsn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, dsn: str) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(AWAIT_SQL, (Q,))
+                self.claimed = [r[0] for r in conn.execute("SELECT task_id FROM batonq.claim(%s)", (Q,))]
+        except BaseException as error:
+            self.error = error
+
+    def result(self, timeout: float) -> list[int]:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "await_work did not return"
+        assert self.error is None, self.error
+        assert self.claimed is not None
+        return self.claimed
+
+
+def registrations_waiting(sql: psycopg.Connection[Any]) -> int:
+    row = sql.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND NOT granted"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_registration_waits_for_the_enqueue_that_is_committing(
+    dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """The enqueue looked for waiters before the registration and found none,
+    so it will not notify: the waiter's look after registering must see its
+    task, so registering waits for that enqueue to commit."""
+    with psycopg.connect(dsn) as enqueuer:
+        [(task_id,)] = enqueuer.execute("SELECT task_id FROM batonq.enqueue(%s, '{}')", (Q,)).fetchall()
+        registrant = Registrant(dsn)
+        wait_for(
+            lambda: registrations_waiting(sql) == 1, timeout=10, what="await_work to wait on the enqueue"
+        )
+        enqueuer.commit()
+        assert registrant.result(timeout=10) == [task_id]
+
+
+def test_a_registration_does_not_wait_for_a_transaction_left_open(
+    client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    with (
+        psycopg.connect(dsn) as enqueuer,
+        psycopg.connect(dsn, autocommit=True) as listener,
+    ):
+        listener.execute("LISTEN batonq")
+        listener.execute(AWAIT_SQL, (SENTINEL,))
+        # The queue exists before: the first enqueue to a new queue holds
+        # its row until it commits.
+        sql.execute("SELECT batonq.configure_queue(%s)", (Q,))
+        enqueuer.execute("SELECT batonq.enqueue(%s, '{}')", (Q,))
+        # Registers after lock_timeout, with the enqueuer's transaction still open.
+        assert Registrant(dsn).result(timeout=10) == []
+        client.enqueue(Q, {"after": "the registration"})
+        assert woken_before_sentinel(client, listener) == [Q]
+        enqueuer.commit()
+    assert len(client.claim(Q, max_tasks=5)) == 2

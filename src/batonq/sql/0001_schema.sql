@@ -130,6 +130,14 @@ CREATE INDEX archive_queue_idx ON batonq.archive (queue, state, id DESC);
 CREATE INDEX archive_root_idx ON batonq.archive (root_id) WHERE parent_id IS NOT NULL;
 CREATE INDEX archive_join_idx ON batonq.archive (join_task_id, fan_index) WHERE join_task_id IS NOT NULL;
 
+-- Until when someone waits for wake-ups on a queue (batonq.await_work and
+-- batonq._wake). Unlogged: after a crash it starts empty, and waiters
+-- register again before their next sleep.
+CREATE UNLOGGED TABLE batonq.awaited (
+    queue text PRIMARY KEY,
+    until timestamptz NOT NULL
+);
+
 -- Idempotent enqueue: the first task to take (queue, key) keeps it for as
 -- long as that task is retained.
 CREATE TABLE batonq.idempotency_keys (

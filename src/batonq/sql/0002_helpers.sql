@@ -144,4 +144,29 @@ CREATE TYPE batonq.submit_reply AS (
     lease_expires_at timestamptz, lease_expires_in_s double precision
 );
 
+-- Wake the claimers waiting for a queue that has a task claimable now.
+-- NOTIFY goes out only while someone awaits the queue: every commit that
+-- notifies takes one database-wide lock, so unconditional NOTIFYs line busy
+-- producers' commits up one behind the other.
+--
+-- The look cannot miss a waiter that registers meanwhile: it is made under
+-- a shared lock that batonq.await_work takes exclusively. Either the
+-- registration waits for this transaction to commit (and the waiter, which
+-- looks for work once more after registering, sees this task), or it
+-- committed before the look below took its snapshot. Above READ COMMITTED
+-- the snapshot may predate a registration: such a transaction notifies
+-- without looking.
+CREATE FUNCTION batonq._wake(p_queue text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pg_advisory_xact_lock_shared(hashtext('batonq.awaited'), hashtext(p_queue));
+        -- A new statement, so a snapshot taken with the lock held.
+        IF NOT EXISTS (SELECT FROM batonq.awaited WHERE queue = p_queue AND until > now()) THEN
+            RETURN;
+        END IF;
+    END IF;
+    PERFORM pg_notify('batonq', p_queue);
+END $$;
+
 INSERT INTO batonq.migrations (version, name) VALUES (2, 'helpers');

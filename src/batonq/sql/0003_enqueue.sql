@@ -29,7 +29,7 @@ BEGIN
     WHERE name = p_queue
     RETURNING * INTO v_queue;
     IF p_paused IS FALSE THEN
-        PERFORM pg_notify('batonq', p_queue);
+        PERFORM batonq._wake(p_queue);
     END IF;
     RETURN v_queue;
 EXCEPTION WHEN check_violation THEN
@@ -75,8 +75,8 @@ CREATE TYPE batonq.enqueued AS (
 
 -- Enqueue one task. With an idempotency key, the first task to take the key
 -- in this queue is returned to every later caller (created = false) for as
--- long as it is retained. A NOTIFY wakes waiting claimers when the task is
--- claimable now -- every time: "only when none was claimable before" was
+-- long as it is retained. A task claimable now wakes the queue's waiters
+-- (batonq._wake) -- every time: "only when none was claimable before" was
 -- tried and loses wake-ups (an enqueue that saw a pending task, which a
 -- claimer then took with a snapshot older than the enqueue's commit, leaves
 -- its own task to the claimer's next poll).
@@ -124,7 +124,7 @@ BEGIN
             CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END)
     RETURNING id, queue, true, state, run_at INTO v_reply;
     IF v_state = 'pending' AND p_delay_s = 0 THEN
-        PERFORM pg_notify('batonq', p_queue);
+        PERFORM batonq._wake(p_queue);
     END IF;
     RETURN v_reply;
 END $$;
@@ -232,7 +232,7 @@ BEGIN
     -- payloads leaves the rest at 0).
     IF v_state = 'pending' AND (coalesce(cardinality(p_delays_s), 0) < v_n
                                 OR EXISTS (SELECT FROM unnest(p_delays_s) AS d WHERE coalesce(d, 0) = 0)) THEN
-        PERFORM pg_notify('batonq', p_queue);
+        PERFORM batonq._wake(p_queue);
     END IF;
 END $$;
 

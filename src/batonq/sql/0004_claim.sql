@@ -30,7 +30,7 @@ BEGIN
      WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.attempts < t.max_attempts;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     IF v_count > 0 THEN
-        PERFORM pg_notify('batonq', p_queue);
+        PERFORM batonq._wake(p_queue);
     END IF;
     WITH dead AS (
         DELETE FROM batonq.tasks t
@@ -135,6 +135,37 @@ BEGIN
            c.parent_id, c.root_id, c.created_at, c.run_at
       FROM claimed c
      ORDER BY c.priority DESC, c.run_at, c.id;
+END $$;
+
+-- Ask for wake-ups: until p_for_s seconds from now, every transaction that
+-- makes a task of p_queue claimable now sends NOTIFY batonq, '<queue>'.
+-- Register while LISTENing, then look for work once more before sleeping:
+-- a task that became claimable before the registration committed did not
+-- notify. The lock waits for the enqueues that are looking for waiters
+-- right now (batonq._wake) to commit, so that look sees their tasks. A
+-- transaction that enqueued and stays open (the caller's own, around an
+-- enqueue) is not waited for beyond lock_timeout: its task is found by the
+-- waiters' next poll.
+CREATE FUNCTION batonq.await_work(p_queue text, p_for_s double precision) RETURNS timestamptz
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '500ms' AS $$
+DECLARE
+    v_until timestamptz;
+BEGIN
+    PERFORM batonq._check_queue_name(p_queue);
+    IF p_for_s IS NULL OR p_for_s <= 0 OR p_for_s > 3600 THEN
+        PERFORM batonq._invalid_argument('for_s must be above 0 and at most 3600');
+    END IF;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(hashtext('batonq.awaited'), hashtext(p_queue));
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;  -- register all the same: later enqueues see it
+    END;
+    INSERT INTO batonq.awaited AS a (queue, until)
+    VALUES (p_queue, clock_timestamp() + make_interval(secs => p_for_s))
+    ON CONFLICT (queue) DO UPDATE SET until = greatest(a.until, excluded.until)
+    RETURNING a.until INTO v_until;
+    RETURN v_until;
 END $$;
 
 -- Expire the leases of every queue that has expired ones: for queues nobody

@@ -311,7 +311,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN batonq._refuse(v_ref, 'release', NULL);
     END IF;
-    PERFORM pg_notify('batonq', v_ref.queue);
+    PERFORM batonq._wake(v_ref.queue);
     RETURN ROW(v_ref.task_id, v_ref.queue, 'accepted', 'pending', v_ref.fencing_token,
                v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
 END $$;

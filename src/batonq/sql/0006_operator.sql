@@ -164,7 +164,7 @@ BEGIN
     IF v_task.id IS NULL THEN
         PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'retry', 'dead or cancelled');
     END IF;
-    PERFORM pg_notify('batonq', v_task.queue);
+    PERFORM batonq._wake(v_task.queue);
     RETURN batonq._hot_view(v_task);
 END $$;
 
@@ -217,7 +217,7 @@ BEGIN
     IF v_task.id IS NULL THEN
         PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'release', 'held');
     END IF;
-    PERFORM pg_notify('batonq', v_task.queue);
+    PERFORM batonq._wake(v_task.queue);
     RETURN batonq._hot_view(v_task);
 END $$;
 

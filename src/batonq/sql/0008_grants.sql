@@ -16,6 +16,7 @@ GRANT EXECUTE ON FUNCTION
     batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint),
     batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint),
     batonq.claim(text, text, integer, integer),
+    batonq.await_work(text, double precision),
     batonq.heartbeat(text, integer, text),
     batonq.complete(text, jsonb),
     batonq.complete_many(text[], jsonb[]),

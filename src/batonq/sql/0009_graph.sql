@@ -178,7 +178,7 @@ BEGIN
             v_queue.max_attempts, v_key, p_parent.id, p_parent.root_id, p_join_task_id,
             CASE WHEN p_join_task_id IS NOT NULL THEN p_index END);
     IF p_state = 'pending' AND p_edge.delay_s = 0 THEN
-        PERFORM pg_notify('batonq', p_edge.to_queue);
+        PERFORM batonq._wake(p_edge.to_queue);
     END IF;
     RETURN v_id;
 END $$;
@@ -251,7 +251,7 @@ BEGIN
             payload = (SELECT coalesce(jsonb_agg(a.result ORDER BY a.fan_index), '[]')
                          FROM batonq.archive a WHERE a.join_task_id = p_join_task_id)
          WHERE t.queue = v_join.join_queue AND t.id = p_join_task_id AND t.state = 'waiting';
-        PERFORM pg_notify('batonq', v_join.join_queue);
+        PERFORM batonq._wake(v_join.join_queue);
     END IF;
 END $$;
 
@@ -287,7 +287,7 @@ BEGIN
      WHERE s.id IN (SELECT k.task_id FROM keyed k);
     GET DIAGNOSTICS v_made = ROW_COUNT;
     IF v_made > 0 AND p_edge.delay_s = 0 THEN
-        PERFORM pg_notify('batonq', p_edge.to_queue);
+        PERFORM batonq._wake(p_edge.to_queue);
     END IF;
 END $$;
 

@@ -305,7 +305,23 @@ class Worker:
                 # may mean work the claim did not see yet: claim again first.)
                 log.info("burst: no claimable task left", extra=self._fields)
                 return
+            if await self._await_work(client):
+                continue  # registered anew: tasks may have come before it
             await self._idle(self.wait_s)
+
+    async def _await_work(self, client: AsyncClient) -> bool:
+        """Keep every queue sending wake-ups while this worker idles (the
+        engine notifies only while someone awaits a queue); True when one
+        was registered anew."""
+        if not self.listen:
+            return False
+        renewed = False
+        for queue in self.queues:
+            try:
+                renewed = await client.await_work(queue, self.wait_s) or renewed
+            except psycopg.OperationalError as error:
+                log.warning("await_work on %s failed (%s)", queue, error, extra=self._fields)
+        return renewed
 
     async def _idle(self, timeout: float) -> None:
         assert self._poke is not None
