@@ -329,7 +329,9 @@ class Registrant:
 
 def registrations_waiting(sql: psycopg.Connection[Any]) -> int:
     row = sql.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock' AND NOT granted"
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+        " WHERE d.datname = current_database() AND l.locktype = 'advisory'"
+        " AND l.mode = 'ExclusiveLock' AND NOT l.granted"
     ).fetchone()
     assert row is not None
     return int(row[0])
