@@ -44,10 +44,12 @@ __all__ = ["AsyncClient", "connect_async"]
 T = TypeVar("T")
 
 # A registration for wake-ups (await_work) lasts this long, or twice the wait
-# it is for; it is renewed when less than the coming wait and this margin is
-# left. Short, so that enqueues stop notifying soon after every waiter got
-# busy, yet an idle worker (claiming every 5 s) renews only every other time.
+# it is for (at most the engine's hour); it is renewed when less than the
+# coming wait and this margin is left. Short, so that enqueues stop notifying
+# soon after every waiter got busy, yet an idle worker (claiming every 5 s)
+# renews only every other time.
 _AWAIT_S = 15.0
+_AWAIT_MAX_S = 3600.0
 _AWAIT_MARGIN_S = 1.0
 
 
@@ -88,8 +90,8 @@ class AsyncClient:
             kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None},
             open=False,
         )
-        self._listener = AsyncListener(dsn) if listen else AsyncNoListener()
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
+        self._listener = AsyncListener(dsn, self.forget_awaited) if listen else AsyncNoListener()
         self._sweeper = Sweeper(dsn) if sweeper else None
 
     async def open(self) -> AsyncClient:
@@ -241,14 +243,22 @@ class AsyncClient:
         busy producers' commits do not queue behind each other. True when
         this registered anew: a task that arrived before the registration
         sent no wake-up, so look for work once more before sleeping. Call it
-        while listening (``watch`` does it for you)."""
+        while listening (``watch`` does it for you). A wait over half an
+        hour is covered half an hour at a time."""
         now = time.monotonic()
+        for_s = min(for_s, _AWAIT_MAX_S / 2)
         if self._awaited.get(queue, 0.0) >= now + for_s + _AWAIT_MARGIN_S:
             return False
-        register_s = min(max(_AWAIT_S, 2 * for_s), 3600.0)
+        register_s = min(max(_AWAIT_S, 2 * for_s), _AWAIT_MAX_S)
         await self._run(operations.await_work(queue, register_s))
         self._awaited[queue] = now + register_s
         return True
+
+    def forget_awaited(self) -> None:
+        """Register anew before the next wait: a listener that (re)connects
+        calls this, since a server that restarted or failed over has lost
+        the registrations (they live in an unlogged table)."""
+        self._awaited.clear()
 
     async def heartbeat(
         self, lease_token: str, *, lease_s: int | None = None, stage: str | None = None

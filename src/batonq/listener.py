@@ -79,10 +79,14 @@ class AsyncWake:
 
 
 class AsyncListener:
-    """LISTEN on one asyncio connection, started on first use."""
+    """LISTEN on one asyncio connection, started on first use.
 
-    def __init__(self, dsn: str) -> None:
+    ``on_connect`` runs each time it is listening again: a server that
+    restarted (or failed over) has forgotten who awaited its queues."""
+
+    def __init__(self, dsn: str, on_connect: Callable[[], None] | None = None) -> None:
         self._dsn = dsn
+        self._on_connect = on_connect
         self._registry = _Registry()
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -114,6 +118,8 @@ class AsyncListener:
             try:
                 async with await psycopg.AsyncConnection.connect(self._dsn, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
+                    if self._on_connect is not None:
+                        self._on_connect()
                     self._ready.set()
                     self._wake(None)  # anything may have happened while we were away
                     async for notify in conn.notifies():
@@ -158,10 +164,12 @@ class Wake:
 
 
 class Listener:
-    """LISTEN on one connection in a daemon thread, started on first use."""
+    """LISTEN on one connection in a daemon thread, started on first use;
+    ``on_connect`` as for ``AsyncListener``."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, on_connect: Callable[[], None] | None = None) -> None:
         self._dsn = dsn
+        self._on_connect = on_connect
         self._registry = _Registry()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -196,6 +204,8 @@ class Listener:
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    if self._on_connect is not None:
+                        self._on_connect()
                     self._ready.set()
                     self._wake(None)
                     while not self._closed.is_set():

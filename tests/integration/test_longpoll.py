@@ -372,3 +372,64 @@ def test_a_registration_does_not_wait_for_a_transaction_left_open(
         assert woken_before_sentinel(client, listener) == [Q]
         enqueuer.commit()
     assert len(client.claim(Q, max_tasks=5)) == 2
+
+
+def test_an_enqueue_does_not_wait_for_a_registration_under_way(
+    client: batonq.Client, dsn: str
+) -> None:
+    """A registration holds its lock until it commits; an enqueue meanwhile
+    notifies without looking instead of queueing behind it."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        psycopg.connect(dsn) as registering,
+        psycopg.connect(dsn, autocommit=True) as producer,
+    ):
+        listener.execute("LISTEN batonq")
+        listener.execute(AWAIT_SQL, (SENTINEL,))
+        registering.execute(AWAIT_SQL, (Q,))  # not committed: the lock stays taken
+        producer.execute("SET lock_timeout = '5s'")
+        producer.execute("SELECT batonq.enqueue(%s, '{}')", (Q,))  # LockNotAvailable if it waited
+        registering.rollback()
+        assert woken_before_sentinel(client, listener) == [Q]
+
+
+@pytest.mark.parametrize(("retry_delay_s", "wakes"), [(0, True), (30, False)])
+def test_a_failed_task_retried_at_once_wakes_claimers(
+    client: batonq.Client, dsn: str, retry_delay_s: float, wakes: bool
+) -> None:
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN batonq")
+        for queue in (Q, SENTINEL):
+            listener.execute(AWAIT_SQL, (queue,))
+        client.enqueue(Q, {})
+        [lease] = client.claim(Q)
+        assert woken_before_sentinel(client, listener) == [Q], "the enqueue's own wake-up"
+        client.fail(lease.lease_token, {"error": "flaky"}, retry_delay_s=retry_delay_s)
+        assert (Q in woken_before_sentinel(client, listener)) is wakes
+
+
+def registered(sql: psycopg.Connection[Any], queue: str) -> bool:
+    row = sql.execute(
+        "SELECT count(*) FROM batonq.awaited WHERE queue = %s AND until > now()", (queue,)
+    ).fetchone()
+    return row is not None and row[0] == 1
+
+
+def test_a_waiter_registers_again_after_the_server_lost_its_registration(
+    client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    """After a crash or a failover the (unlogged) registrations are gone and
+    the listener reconnects: the next wait registers anew."""
+    with client.watch(Q) as wake:
+        assert registered(sql, Q)
+        sql.execute("TRUNCATE batonq.awaited")
+        sql.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query = 'LISTEN batonq'"
+        )
+
+        def registered_again() -> bool:
+            wake.wait(0.1)
+            return registered(sql, Q)
+
+        wait_for(registered_again, timeout=5, what="the waiter to register again")

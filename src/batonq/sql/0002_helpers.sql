@@ -153,14 +153,15 @@ CREATE TYPE batonq.submit_reply AS (
 -- a shared lock that batonq.await_work takes exclusively. Either the
 -- registration waits for this transaction to commit (and the waiter, which
 -- looks for work once more after registering, sees this task), or it
--- committed before the look below took its snapshot. Above READ COMMITTED
--- the snapshot may predate a registration: such a transaction notifies
--- without looking.
+-- committed before the look below took its snapshot. A registration under
+-- way (the lock is taken or asked for) gets a NOTIFY without a look: the
+-- enqueue never waits for a waiter. Above READ COMMITTED the snapshot may
+-- predate a registration: such a transaction notifies without looking.
 CREATE FUNCTION batonq._wake(p_queue text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM pg_advisory_xact_lock_shared(hashtext('batonq.awaited'), hashtext(p_queue));
+    IF current_setting('transaction_isolation') = 'read committed'
+       AND pg_try_advisory_xact_lock_shared(hashtext('batonq.awaited'), hashtext(p_queue)) THEN
         -- A new statement, so a snapshot taken with the lock held.
         IF NOT EXISTS (SELECT FROM batonq.awaited WHERE queue = p_queue AND until > now()) THEN
             RETURN;

@@ -213,6 +213,7 @@ DECLARE
     v_task  batonq.tasks;
     v_state text;
     v_entry jsonb;
+    v_delay_s double precision;
 BEGIN
     IF p_retry_delay_s < 0 OR p_retry_delay_s > 315360000 THEN
         PERFORM batonq._invalid_argument('retry_delay_s must be between 0 and 315360000 (10 years)');
@@ -239,15 +240,18 @@ BEGIN
         END IF;
     ELSE
         v_state := 'pending';
+        v_delay_s := coalesce(p_retry_delay_s, batonq._backoff_s(v_queue, v_task.attempts));
         UPDATE batonq.tasks t SET
             state = 'pending',
-            run_at = now() + make_interval(secs => coalesce(p_retry_delay_s,
-                                                            batonq._backoff_s(v_queue, v_task.attempts))),
+            run_at = now() + make_interval(secs => v_delay_s),
             lease_secret = NULL,
             lease_expires_at = NULL,
             last_error = batonq._error_text(p_error),
             errors = t.errors || v_entry
          WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id;
+        IF v_delay_s <= 0 THEN
+            PERFORM batonq._wake(v_ref.queue);  -- claimable again now
+        END IF;
     END IF;
     INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
     VALUES (v_ref.task_id, v_ref.queue, v_ref.fencing_token, 'fail', 'accepted', v_state, p_error);

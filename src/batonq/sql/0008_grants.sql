@@ -1,6 +1,6 @@
 -- batonq 0008: the engine's functions are the only door. The reader role
--- may read; the worker role may also enqueue, claim and write about its
--- leases, and run the sweeper. Neither has any table access; operator
+-- may read and wait for work (await_work); the worker role may also
+-- enqueue, claim and write about its leases, and run the sweeper. Neither has any table access; operator
 -- actions and queue settings stay with the schema's owner.
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
@@ -9,14 +9,14 @@ GRANT EXECUTE ON FUNCTION
     batonq.get_task(bigint),
     batonq.list_tasks(text, text, integer, bigint),
     batonq.queue_stats(text),
-    batonq.list_queues()
+    batonq.list_queues(),
+    batonq.await_work(text, double precision)
 TO batonq_reader;
 
 GRANT EXECUTE ON FUNCTION
     batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint),
     batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint),
     batonq.claim(text, text, integer, integer),
-    batonq.await_work(text, double precision),
     batonq.heartbeat(text, integer, text),
     batonq.complete(text, jsonb),
     batonq.complete_many(text[], jsonb[]),
