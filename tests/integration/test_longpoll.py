@@ -432,4 +432,4 @@ def test_a_waiter_registers_again_after_the_server_lost_its_registration(
             wake.wait(0.1)
             return registered(sql, Q)
 
-        wait_for(registered_again, timeout=5, what="the waiter to register again")
+        wait_for(registered_again, timeout=10, what="the waiter to register again")
