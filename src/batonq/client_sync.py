@@ -247,7 +247,7 @@ class Client:
         for_s = min(for_s, _AWAIT_MAX_S / 2)
         if self._awaited.get(queue, 0.0) >= now + for_s + _AWAIT_MARGIN_S:
             return False
-        register_s = min(max(_AWAIT_S, 2 * for_s), _AWAIT_MAX_S)
+        register_s = max(_AWAIT_S, 2 * for_s)  # at most _AWAIT_MAX_S, for_s being clamped
         self._run(operations.await_work(queue, register_s))
         self._awaited[queue] = now + register_s
         return True

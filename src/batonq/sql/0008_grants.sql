@@ -1,7 +1,8 @@
 -- batonq 0008: the engine's functions are the only door. The reader role
 -- may read and wait for work (await_work); the worker role may also
--- enqueue, claim and write about its leases, and run the sweeper. Neither has any table access; operator
--- actions and queue settings stay with the schema's owner.
+-- enqueue, claim and write about its leases, and run the sweeper. Neither
+-- has any table access; operator actions and queue settings stay with the
+-- schema's owner.
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 
