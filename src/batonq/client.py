@@ -16,6 +16,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.adapt import AdaptersMap
+from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from batonq import operations
@@ -53,6 +55,12 @@ _AWAIT_MAX_S = 3600.0
 _AWAIT_MARGIN_S = 1.0
 
 
+# JSON read back through batonq.operations.load_json: a stored row never
+# fails to load.
+_ADAPTERS = AdaptersMap(psycopg.adapters)
+set_json_loads(operations.load_json, _ADAPTERS)
+
+
 def _default_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -87,7 +95,7 @@ class AsyncClient:
             dsn,
             min_size=min_connections,
             max_size=max_connections,
-            kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None},
+            kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None, "context": _ADAPTERS},
             open=False,
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends

@@ -14,8 +14,10 @@ __all__ = [
     "InvalidQueueName",
     "InvalidState",
     "InvalidToken",
+    "JsonTooDeep",
     "KeyNotFound",
     "LeaseLost",
+    "NumberTooLarge",
     "PayloadTooLarge",
     "PermanentError",
     "QueueNotFound",
@@ -54,6 +56,20 @@ class PayloadTooLarge(BatonqError):
 
 class InvalidArgument(BatonqError):
     code = "invalid_argument"
+
+
+class JsonTooDeep(InvalidArgument):
+    """A payload, result or error nested deeper than the engine serves back
+    (64 levels); ``depth`` and ``limit`` say by how much."""
+
+    code = "json_too_deep"
+
+
+class NumberTooLarge(InvalidArgument):
+    """A JSON number with more than 300 digits before its decimal point
+    (1e300 or more): readers could not load it; ``digits`` and ``limit``."""
+
+    code = "number_too_large"
 
 
 class InvalidToken(BatonqError):
@@ -157,6 +173,8 @@ _BY_SQLSTATE: dict[str, type[BatonqError]] = {
     "BQ007": InvalidState,
     "BQ008": GraphCycle,
     "BQ009": KeyNotFound,
+    "BQ010": JsonTooDeep,
+    "BQ011": NumberTooLarge,
 }
 
 

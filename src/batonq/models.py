@@ -67,14 +67,16 @@ class Lease:
 class Submitted:
     """The answer to a complete, fail, heartbeat or release.
 
-    ``outcome`` is ``accepted``, ``replayed`` (the same write was accepted
-    before; nothing changed), ``lease_lost`` or ``finished`` (refused).
+    ``outcome`` is ``accepted``, ``replayed`` (the same write from the same
+    lease was accepted before; nothing changed), ``lease_lost`` or
+    ``finished`` (refused). An item of ``complete_many`` may also be
+    ``not_found`` or ``invalid_token``, with no ``state``.
     """
 
     task_id: int
     queue: str
     outcome: str
-    state: str
+    state: str | None
     fencing_token: int
     current_fencing_token: int | None
     lease_expires_at: datetime | None

@@ -6,14 +6,16 @@ The async and the sync client both execute these, so the logic lives once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
 from psycopg.types.json import Jsonb
 
-from batonq.errors import InvalidArgument, LeaseLost, TaskFinished
+from batonq.errors import InvalidArgument, InvalidToken, LeaseLost, TaskFinished, TaskNotFound
 from batonq.models import (
     JSON,
     ApiKey,
@@ -78,14 +80,57 @@ def _submitted(rows: Rows) -> Submitted:
 
 def accepted(reply: Submitted) -> Submitted:
     """``reply`` if the write was accepted (or replayed); else raise
-    ``LeaseLost`` (``TaskFinished`` when the task is finished)."""
-    if reply.outcome == "finished":
-        raise TaskFinished(
-            reply.task_id, reply.state, reply.fencing_token, reply.current_fencing_token
+    ``LeaseLost`` (``TaskFinished`` when the task is finished),
+    ``TaskNotFound`` or ``InvalidToken``."""
+    if reply.outcome == "not_found":
+        raise TaskNotFound(
+            f"task {reply.task_id} not found in queue {reply.queue}", task_id=reply.task_id
         )
+    if reply.outcome == "invalid_token":
+        raise InvalidToken(f"wrong lease token for task {reply.task_id}", task_id=reply.task_id)
+    state = reply.state or "unknown"
+    if reply.outcome == "finished":
+        raise TaskFinished(reply.task_id, state, reply.fencing_token, reply.current_fencing_token)
     if reply.outcome == "lease_lost":
-        raise LeaseLost(reply.task_id, reply.state, reply.fencing_token, reply.current_fencing_token)
+        raise LeaseLost(reply.task_id, state, reply.fencing_token, reply.current_fencing_token)
     return reply
+
+
+SERVED_DEPTH = 200
+"""Deeper stored JSON loads as its text: serialisers on the way out (pydantic,
+orjson) give up past 255 levels, and a reply wraps a few of its own."""
+
+
+def load_json(data: str | bytes) -> Any:
+    """JSON from the database, loaded so that every reader can serve it.
+
+    The engine refuses what could not be served (over 64 levels, numbers of
+    1e300 and more); rows stored before it did still load: an integer past
+    Python's 4,300-digit limit as a ``Decimal``, a value nested past
+    ``SERVED_DEPTH`` (or past Python's recursion limit) as its JSON text.
+    """
+    text = data.decode() if isinstance(data, bytes) else data
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return text
+    except ValueError:  # an integer past int's digit limit
+        value = json.loads(text, parse_int=Decimal)
+    if text.count("[") + text.count("{") > SERVED_DEPTH and _depth(value) > SERVED_DEPTH:
+        return text
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How many arrays and objects nest in ``value``, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
 
 
 class JsonText(str):

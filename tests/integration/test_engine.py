@@ -210,9 +210,9 @@ def test_operator_retry_of_dead_task(admin: batonq.Client, client: batonq.Client
     assert revived.errors[0]["error"] == "bad"
     [again] = client.claim(Q)
     assert again.task_id == t.task_id and again.fencing_token > lease.fencing_token
-    # The old token's first outcome (its fail) stands; nothing changes.
-    stale = client.complete(lease.lease_token, "stale")
-    assert stale.replayed and stale.state == "dead"
+    # The old lease ended with its fail: a complete under it is no replay.
+    with pytest.raises(batonq.LeaseLost, match="under fencing token"):
+        client.complete(lease.lease_token, "stale")
     client.complete(again.lease_token, "ok")
     assert client.task(t.task_id).result == "ok"
     with pytest.raises(

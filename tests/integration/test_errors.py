@@ -50,7 +50,7 @@ def test_payload_too_large_names_the_sizes(
     body = "x" * DEFAULT_LIMIT  # its JSON text has the two quotes too
     error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb(body)))
     assert type(error) is batonq.PayloadTooLarge
-    assert error.message == f"payload is {DEFAULT_LIMIT + 2} bytes, over the limit of {DEFAULT_LIMIT} bytes"
+    assert error.message == f"payload is {DEFAULT_LIMIT + 2} bytes as compact JSON, over the limit of {DEFAULT_LIMIT} bytes"
     assert error.detail == {"what": "payload", "size": DEFAULT_LIMIT + 2, "limit": DEFAULT_LIMIT}
     # Just under the limit is fine.
     conn.execute("SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb("x" * (DEFAULT_LIMIT - 2))))
@@ -60,7 +60,7 @@ def test_payload_too_large_names_the_sizes(
         conn, "SELECT * FROM batonq.enqueue_many(%s, %s::jsonb[])", (Q, [Jsonb(1), Jsonb("y" * 200)])
     )
     assert type(error) is batonq.PayloadTooLarge
-    assert error.message == "payload 2 is 202 bytes, over the limit of 100 bytes"
+    assert error.message == "payload 2 is 202 bytes as compact JSON, over the limit of 100 bytes"
     assert error.detail == {"what": "payload 2", "size": 202, "limit": 100}
     assert hot_count(sql) == 1, "the refused batch wrote nothing"
 
@@ -71,11 +71,11 @@ def test_result_and_error_too_large_keep_the_lease(client: batonq.Client, admin:
     [lease] = client.claim(Q)
     with pytest.raises(batonq.PayloadTooLarge) as raised:
         client.complete(lease.lease_token, "r" * 60)
-    assert raised.value.message == "result is 62 bytes, over the limit of 50 bytes"
+    assert raised.value.message == "result is 62 bytes as compact JSON, over the limit of 50 bytes"
     assert isinstance(raised.value.__cause__, psycopg.Error)
     with pytest.raises(batonq.PayloadTooLarge) as raised:
         client.fail(lease.lease_token, "e" * 60)
-    assert raised.value.message == "error is 62 bytes, over the limit of 50 bytes"
+    assert raised.value.message == "error is 62 bytes as compact JSON, over the limit of 50 bytes"
     assert client.task(lease.task_id).state == "leased"
     assert client.complete(lease.lease_token, "ok").outcome == "accepted"
 

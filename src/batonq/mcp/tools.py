@@ -24,6 +24,7 @@ from batonq import errors
 from batonq.mcp.access import Access, access_of
 from batonq.models import Lease, Submitted
 from batonq.operations import task_ref
+from batonq.service.reads import visible_task
 from batonq.service.schemas import EnqueueOut, QueueStatsOut, State, TaskOut, tid
 
 __all__ = ["READ_TOOLS", "TOOLS", "ToolSpec"]
@@ -170,6 +171,8 @@ async def batonq_enqueue(
     access.check_write("batonq_enqueue")
     access.check_queue(queue)
     with _as_tool_errors():
+        if parent is not None:
+            await visible_task(access.client, access, parent)
         made = await access.client.enqueue(
             queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
             key=idempotency_key, parent_id=parent,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
@@ -24,7 +24,11 @@ TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 
 
 
-async def visible_task(client: AsyncClient, principal: Principal, task_id: str) -> Task:
+class Scoped(Protocol):
+    def covers(self, queue: str) -> bool: ...
+
+
+async def visible_task(client: AsyncClient, principal: Scoped, task_id: int | str) -> Task:
     """The task, if the key covers its queue; otherwise it does not exist:
     the same 404, word for word, as for an id nobody has."""
     ref = operations.task_id(task_id)

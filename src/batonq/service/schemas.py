@@ -192,15 +192,19 @@ class SubmitOut(BaseModel):
         )
 
 
+SubmitOutcome = Literal["accepted", "replayed", "lease_lost", "finished", "not_found", "invalid_token"]
+
+
 class SubmitResultOut(BaseModel):
     """One item of a list submit: ``outcome`` says whether it was taken."""
 
     task_id: str
-    outcome: Literal["accepted", "replayed", "lease_lost", "finished"] = Field(
-        description="accepted; replayed (the same submit was accepted before); lease_lost or finished:"
-        " refused, another holder has the task or it is finished"
+    outcome: SubmitOutcome = Field(
+        description="accepted; replayed (the same submit from the same lease was accepted before);"
+        " lease_lost or finished: refused, another holder has the task or it is finished;"
+        " not_found: no such task in that queue; invalid_token: the token's secret is wrong"
     )
-    state: State
+    state: State | None = Field(description="the task's state; null for not_found and invalid_token")
     replayed: bool
     fencing_token: int
     current_fencing_token: int | None = Field(description="the task's newest token")
@@ -209,8 +213,8 @@ class SubmitResultOut(BaseModel):
     def of(cls, s: models.Submitted) -> SubmitResultOut:
         return cls(
             task_id=task_ref(s.task_id),
-            outcome=cast(Literal["accepted", "replayed", "lease_lost", "finished"], s.outcome),
-            state=cast(State, s.state),
+            outcome=cast(SubmitOutcome, s.outcome),
+            state=cast(State | None, s.state),
             replayed=s.replayed,
             fencing_token=s.fencing_token,
             current_fencing_token=s.current_fencing_token,

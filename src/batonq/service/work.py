@@ -13,6 +13,7 @@ from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
 from batonq.service.problems import ERROR_RESPONSES, ApiError
+from batonq.service.reads import visible_task
 from batonq.service.state import client_of, metrics_of
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
@@ -48,6 +49,10 @@ async def enqueue(
     items = body if isinstance(body, list) else [body]
     for item in items:
         principal.check_queue(item.queue)
+    # A parent the key cannot see does not exist for it: refused like an
+    # unknown id, before anything is written.
+    for parent_ref in {item.parent for item in items if item.parent is not None}:
+        await visible_task(client, principal, parent_ref)
     if not isinstance(body, list):
         created = await client.enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,

@@ -117,7 +117,10 @@ CREATE TABLE batonq.archive (
     join_task_id     bigint,
     fan_index        integer,
     result           jsonb,
-    finished_at      timestamptz NOT NULL
+    finished_at      timestamptz NOT NULL,
+    -- The secret of the lease the task finished under: a repeated complete
+    -- is a replay only from that lease. No listing returns it.
+    lease_secret     uuid
 ) PARTITION BY RANGE (finished_at);
 
 -- Rows land here only when the day's partition was never made (maintenance
@@ -160,7 +163,10 @@ CREATE TABLE batonq.submits (
     outcome        text NOT NULL CHECK (outcome IN ('accepted', 'replayed', 'set_aside')),
     state_after    text NOT NULL,
     body           jsonb,
-    at             timestamptz NOT NULL DEFAULT now()
+    at             timestamptz NOT NULL DEFAULT now(),
+    -- An accepted fail's lease secret: a repeated fail is a replay only
+    -- from that lease.
+    lease_secret   uuid
 ) PARTITION BY RANGE (at);
 
 CREATE TABLE batonq.submits_default PARTITION OF batonq.submits DEFAULT;

@@ -6,6 +6,7 @@
 --   BQ001 invalid_queue_name   BQ002 task_not_found   BQ003 too_large
 --   BQ004 invalid_argument     BQ005 invalid_token    BQ006 queue_not_found
 --   BQ007 invalid_state        BQ008 graph_cycle      BQ009 key_not_found
+--   BQ010 json_too_deep        BQ011 number_too_large
 -- A write refused because its lease is gone is not an error here: it is a
 -- reply with outcome 'lease_lost', so the refusal can be recorded in the
 -- submit ledger in the same transaction.
@@ -26,17 +27,109 @@ BEGIN
     RAISE EXCEPTION '%', p_message USING ERRCODE = 'BQ004';
 END $$;
 
--- JSON bodies (payload, result, error) are limited by their text size.
-CREATE FUNCTION batonq._check_size(p_what text, p_body jsonb, p_limit integer) RETURNS void
+-- JSON bodies (payload, result, error) are limited by their size as compact
+-- JSON text (UTF-8, no spaces between tokens), by how deep they nest and by
+-- how long their numbers are. Deeper nesting and longer numbers are refused
+-- because they could be stored but not served: on the way out pydantic and
+-- orjson give up past 255 levels, Python's json past its recursion limit
+-- (about 1,000), Python's int past 4,300 digits, a double past 1.8e308. The
+-- limits leave room for the levels a reply wraps around a payload, a join's
+-- list around its elements' results and a task's errors around an error.
+CREATE FUNCTION batonq._max_json_depth() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 64;
+
+-- Numbers must be below 1e300 in magnitude: at most 300 digits before the
+-- decimal point.
+CREATE FUNCTION batonq._max_number_digits() RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN 300;
+
+-- p_text (jsonb's text form) measured as compact JSON: jsonb writes one
+-- space after every ',' and ':' between tokens and no other space outside
+-- strings, so the spaces left once the strings are cut out are the extra
+-- bytes. Escaped backslashes and quotes go first, so every '"' left opens
+-- or closes a string.
+CREATE FUNCTION batonq._compact_size(p_text text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (SELECT octet_length(p_text) - (octet_length(x.outside) - octet_length(replace(x.outside, ' ', '')))
+          FROM (SELECT regexp_replace(replace(replace(p_text, '\\', ''), '\"', ''), '"[^"]*"', '', 'g')
+                       AS outside) x);
+
+-- A container p_level levels down: the body nests deeper than p_level.
+CREATE FUNCTION batonq._nests_below(p_body jsonb, p_level integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN jsonb_path_exists(p_body, format('strict $.**{%s} ? (@.type() == "array" || @.type() == "object")',
+                                        p_level)::jsonpath);
+
+CREATE FUNCTION batonq._huge_numbers() RETURNS jsonpath
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN format('strict $.** ? (@.type() == "number" && (@ >= 1e%1$s || @ <= -1e%1$s))',
+              batonq._max_number_digits())::jsonpath;
+
+-- Whether p_body may be stored (size, depth, numbers). The text is made once;
+-- the costlier looks run only where the text is long enough to fail them:
+-- nesting 65 levels takes 130 bytes, a number of 301 digits 301.
+CREATE FUNCTION batonq._json_fits(p_body jsonb, p_limit integer) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_text text := p_body::text;
+    v_size integer := octet_length(v_text);
+BEGIN
+    IF p_body IS NULL OR v_size < 2 * batonq._max_json_depth() + 2 THEN
+        RETURN v_size IS NULL OR v_size <= p_limit OR batonq._compact_size(v_text) <= p_limit;
+    END IF;
+    RETURN (v_size <= p_limit OR batonq._compact_size(v_text) <= p_limit)
+       AND NOT batonq._nests_below(p_body, batonq._max_json_depth())
+       AND (v_size <= batonq._max_number_digits()
+            OR NOT jsonb_path_exists(p_body, batonq._huge_numbers()));
+END $$;
+
+-- Refuse what _json_fits refuses, saying why: BQ003 for the size (as
+-- compact JSON), BQ010 for the depth, BQ011 for a number.
+CREATE FUNCTION batonq._check_json(p_what text, p_body jsonb, p_limit integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_size integer := octet_length(p_body::text);
+    v_size  integer;
+    v_low   integer;
+    v_high  integer;
+    v_mid   integer;
+    v_huge  numeric;
 BEGIN
+    IF batonq._json_fits(p_body, p_limit) THEN
+        RETURN;
+    END IF;
+    v_size := batonq._compact_size(p_body::text);
     IF v_size > p_limit THEN
-        RAISE EXCEPTION '% is % bytes, over the limit of % bytes', p_what, v_size, p_limit
+        RAISE EXCEPTION '% is % bytes as compact JSON, over the limit of % bytes', p_what, v_size, p_limit
             USING ERRCODE = 'BQ003',
                   DETAIL = jsonb_build_object('what', p_what, 'size', v_size, 'limit', p_limit)::text;
     END IF;
+    IF batonq._nests_below(p_body, batonq._max_json_depth()) THEN
+        -- The depth, for the message: it is over the limit, and every level
+        -- takes two bytes of text.
+        v_low := batonq._max_json_depth() + 1;
+        v_high := v_size / 2;
+        WHILE v_low < v_high LOOP
+            v_mid := (v_low + v_high + 1) / 2;
+            IF batonq._nests_below(p_body, v_mid - 1) THEN
+                v_low := v_mid;
+            ELSE
+                v_high := v_mid - 1;
+            END IF;
+        END LOOP;
+        RAISE EXCEPTION '% nests % levels deep; the limit is %', p_what, v_low, batonq._max_json_depth()
+            USING ERRCODE = 'BQ010',
+                  DETAIL = jsonb_build_object('what', p_what, 'depth', v_low,
+                                              'limit', batonq._max_json_depth())::text;
+    END IF;
+    v_huge := jsonb_path_query_first(p_body, batonq._huge_numbers())::numeric;
+    v_size := length(trunc(abs(v_huge))::text);
+    RAISE EXCEPTION '% holds a number with % digits before the decimal point; the limit is %',
+                    p_what, v_size, batonq._max_number_digits()
+        USING ERRCODE = 'BQ011',
+              DETAIL = jsonb_build_object('what', p_what, 'digits', v_size,
+                                          'limit', batonq._max_number_digits())::text;
 END $$;
 
 -- A queue's settings; enqueue creates a queue on first use.
@@ -135,7 +228,8 @@ LANGUAGE sql STABLE
 RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload, t.attempts,
            t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
            t.claimed_at, t.worker, t.stage, coalesce(p_last_error, t.last_error),
-           coalesce(p_errors, t.errors), t.join_task_id, t.fan_index, p_result, now())::batonq.archive;
+           coalesce(p_errors, t.errors), t.join_task_id, t.fan_index, p_result, now(),
+           t.lease_secret)::batonq.archive;
 
 -- The reply to every write about a leased task.
 CREATE TYPE batonq.submit_reply AS (

@@ -100,7 +100,7 @@ DECLARE
     v_reply  batonq.enqueued;
 BEGIN
     PERFORM batonq._check_enqueue_args(p_priority, p_delay_s, p_max_attempts);
-    PERFORM batonq._check_size('payload', p_payload, v_queue.max_body_bytes);
+    PERFORM batonq._check_json('payload', p_payload, v_queue.max_body_bytes);
     IF p_idempotency_key IS NOT NULL THEN
         INSERT INTO batonq.idempotency_keys (queue, key, task_id)
         VALUES (p_queue, p_idempotency_key, v_id)
@@ -165,14 +165,14 @@ BEGIN
     PERFORM batonq._check_enqueue_args(0, 0, p_max_attempts);
     SELECT i.ord INTO v_bad
       FROM unnest(p_payloads, p_delays_s) WITH ORDINALITY AS i(body, delay_s, ord)
-     WHERE i.body IS NULL OR octet_length(i.body::text) > v_queue.max_body_bytes
+     WHERE i.body IS NULL OR NOT batonq._json_fits(i.body, v_queue.max_body_bytes)
         OR i.delay_s < 0 OR i.delay_s > 315360000
      LIMIT 1;
     IF v_bad IS NOT NULL THEN
         IF p_payloads[v_bad] IS NULL THEN
             PERFORM batonq._invalid_argument(format('payload %s is NULL', v_bad));
         END IF;
-        PERFORM batonq._check_size(format('payload %s', v_bad), p_payloads[v_bad], v_queue.max_body_bytes);
+        PERFORM batonq._check_json(format('payload %s', v_bad), p_payloads[v_bad], v_queue.max_body_bytes);
         PERFORM batonq._check_enqueue_args(0, p_delays_s[v_bad], NULL);
     END IF;
 

@@ -4,9 +4,11 @@
 -- A write is accepted while its fencing token is the task's newest and the
 -- task is unfinished: leased, or pending after its lease ran out with nobody
 -- claiming it since (nobody else holds it). The first accepted complete or
--- fail per (task, token) is the outcome; a repeat returns it with outcome
--- 'replayed' and changes nothing (an accepted complete is found in the
--- archive, an accepted fail in the submit ledger). Anything else is refused with outcome
+-- fail per (task, token) is the outcome; a repeat of the same write kind
+-- under the same lease token returns it with outcome 'replayed' and changes
+-- nothing (an accepted complete is found in the archive, an accepted fail in
+-- the submit ledger, each with its lease secret). A complete after a fail, a
+-- fail after a complete, is no replay. Anything else is refused with outcome
 -- 'lease_lost' (or 'finished', when the task is done, dead or cancelled) and
 -- the task's current state and token, and set aside in the submit ledger.
 
@@ -23,19 +25,23 @@ DECLARE
     v_secret uuid;
     v_reply  batonq.submit_reply;
 BEGIN
+    -- The first outcome of this write kind under this lease token: an
+    -- accepted complete is the task's archive row (only a complete makes a
+    -- task done, and the row keeps its token and secret); an accepted fail
+    -- is in the ledger.
+    IF p_kind = 'complete' THEN
+        v_first := (SELECT a.state FROM batonq.archive a
+                     WHERE a.id = p_ref.task_id AND a.queue = p_ref.queue
+                       AND a.fencing_token = p_ref.fencing_token AND a.state = 'done'
+                       AND a.lease_secret = p_ref.secret
+                     LIMIT 1);
+    ELSIF p_kind = 'fail' THEN
+        v_first := (SELECT s.state_after FROM batonq.submits s
+                     WHERE s.task_id = p_ref.task_id AND s.fencing_token = p_ref.fencing_token
+                       AND s.outcome = 'accepted' AND s.kind = 'fail' AND s.lease_secret = p_ref.secret
+                     LIMIT 1);
+    END IF;
     IF p_kind IN ('complete', 'fail') THEN
-        -- The first outcome under this token: an accepted complete is the
-        -- task's archive row (only a complete makes a task done, and the row
-        -- keeps its token); an accepted fail is in the ledger.
-        v_first := coalesce(
-            (SELECT a.state FROM batonq.archive a
-              WHERE a.id = p_ref.task_id AND a.queue = p_ref.queue
-                AND a.fencing_token = p_ref.fencing_token AND a.state = 'done'
-              LIMIT 1),
-            (SELECT s.state_after FROM batonq.submits s
-              WHERE s.task_id = p_ref.task_id AND s.fencing_token = p_ref.fencing_token
-                AND s.outcome = 'accepted' AND s.kind = 'fail'
-              LIMIT 1));
         IF v_first IS NOT NULL THEN
             INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
             VALUES (p_ref.task_id, p_ref.queue, p_ref.fencing_token, p_kind, 'replayed', v_first, p_body);
@@ -46,14 +52,17 @@ BEGIN
     SELECT state, fencing_token, lease_secret INTO v_state, v_token, v_secret
       FROM batonq.tasks WHERE queue = p_ref.queue AND id = p_ref.task_id;
     IF NOT FOUND THEN
-        SELECT state, fencing_token INTO v_state, v_token
+        SELECT state, fencing_token, lease_secret INTO v_state, v_token, v_secret
           FROM batonq.archive WHERE id = p_ref.task_id AND queue = p_ref.queue LIMIT 1;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'task % not found in queue %', p_ref.task_id, p_ref.queue
                 USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_ref.task_id)::text;
         END IF;
-    ELSIF v_token = p_ref.fencing_token AND v_secret IS DISTINCT FROM p_ref.secret
-          AND v_secret IS NOT NULL THEN
+    END IF;
+    -- The right fencing token with another secret is a forged or garbled
+    -- token, hot or finished.
+    IF v_token = p_ref.fencing_token AND v_secret IS DISTINCT FROM p_ref.secret
+       AND v_secret IS NOT NULL THEN
         RAISE EXCEPTION 'wrong lease token for task %', p_ref.task_id
             USING ERRCODE = 'BQ005', DETAIL = jsonb_build_object('task_id', p_ref.task_id)::text;
     END IF;
@@ -83,7 +92,7 @@ DECLARE
     v_id     bigint;
     v_joined boolean;
 BEGIN
-    PERFORM batonq._check_size('result', p_result, batonq._result_limit(v_ref.queue));
+    PERFORM batonq._check_json('result', p_result, batonq._result_limit(v_ref.queue));
     WITH moved AS (
         DELETE FROM batonq.tasks t
          WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
@@ -105,7 +114,9 @@ BEGIN
                v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
 END $$;
 
--- Complete many leased tasks in one call: one reply per token, in order.
+-- Complete many leased tasks in one call: one reply per token, in order; an
+-- unknown task or a forged token is one item's outcome (not_found,
+-- invalid_token), not an error of the call.
 -- Tokens are parsed once, into one array; the live leases of each queue move
 -- in one set of statements, and only the rest (replays, refusals) go one by
 -- one. Unlike the other functions it may plan for its arguments
@@ -141,10 +152,10 @@ BEGIN
         v_limit := batonq._result_limit(v_queue);
         SELECT u.ord INTO v_bad
           FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
-         WHERE u.q = v_queue AND octet_length(u.res::text) > v_limit
+         WHERE u.q = v_queue AND NOT batonq._json_fits(u.res, v_limit)
          LIMIT 1;
         IF v_bad IS NOT NULL THEN
-            PERFORM batonq._check_size(format('result %s', v_bad), p_results[v_bad], v_limit);
+            PERFORM batonq._check_json(format('result %s', v_bad), p_results[v_bad], v_limit);
         END IF;
         WITH input AS MATERIALIZED (
             SELECT u.ord, u.id, u.fence, u.secret, u.res
@@ -181,7 +192,15 @@ BEGIN
     IF v_accepted < v_n THEN
         FOR i IN 1 .. v_n LOOP
             CONTINUE WHEN v_done[i];
-            v_replies[i] := batonq._refuse(v_refs[i], 'complete', p_results[i]);
+            -- An unknown task or a forged token is answered for its item
+            -- alone: the other items stand.
+            BEGIN
+                v_replies[i] := batonq._refuse(v_refs[i], 'complete', p_results[i]);
+            EXCEPTION WHEN SQLSTATE 'BQ002' OR SQLSTATE 'BQ005' THEN
+                v_replies[i] := ROW((v_refs[i]).task_id, (v_refs[i]).queue,
+                                    CASE SQLSTATE WHEN 'BQ002' THEN 'not_found' ELSE 'invalid_token' END,
+                                    NULL, (v_refs[i]).fencing_token, NULL, NULL, NULL)::batonq.submit_reply;
+            END;
         END LOOP;
     END IF;
 
@@ -219,7 +238,7 @@ BEGIN
         PERFORM batonq._invalid_argument('retry_delay_s must be between 0 and 315360000 (10 years)');
     END IF;
     SELECT * INTO v_queue FROM batonq.queues WHERE name = v_ref.queue;
-    PERFORM batonq._check_size('error', p_error, coalesce(v_queue.max_body_bytes, 131072));
+    PERFORM batonq._check_json('error', p_error, coalesce(v_queue.max_body_bytes, 131072));
     SELECT * INTO v_task FROM batonq.tasks t
      WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
        AND t.fencing_token = v_ref.fencing_token AND t.lease_secret = v_ref.secret
@@ -253,8 +272,10 @@ BEGIN
             PERFORM batonq._wake(v_ref.queue);  -- claimable again now
         END IF;
     END IF;
-    INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body)
-    VALUES (v_ref.task_id, v_ref.queue, v_ref.fencing_token, 'fail', 'accepted', v_state, p_error);
+    INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body,
+                                lease_secret)
+    VALUES (v_ref.task_id, v_ref.queue, v_ref.fencing_token, 'fail', 'accepted', v_state, p_error,
+            v_ref.secret);
     RETURN ROW(v_ref.task_id, v_ref.queue, 'accepted', v_state, v_ref.fencing_token,
                v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
 END $$;

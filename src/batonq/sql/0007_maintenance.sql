@@ -86,6 +86,14 @@ BEGIN
     DELETE FROM batonq.idempotency_keys k USING old WHERE k.queue = old.queue AND k.key = old.key;
     GET DIAGNOSTICS v_keys = ROW_COUNT;
 
+    -- A baton's identity is kept while the task it came from is.
+    DELETE FROM batonq.batons b
+     WHERE b.ctid = ANY (ARRAY(
+        SELECT b2.ctid FROM batonq.batons b2
+         WHERE b2.created_at < now() - make_interval(secs => v_keep_s)
+           AND NOT EXISTS (SELECT FROM batonq.archive a WHERE a.id = b2.parent_id)
+         LIMIT p_batch));
+
     RETURN jsonb_build_object('partitions_dropped', v_dropped, 'archived_deleted', v_rows,
                               'keys_deleted', v_keys);
 END $$;

@@ -38,7 +38,19 @@ CREATE TABLE batonq.joins (
     resolved      boolean NOT NULL DEFAULT false
 );
 
-REVOKE ALL ON batonq.edges, batonq.joins FROM PUBLIC;
+-- Each baton's identity: one task per (task it came from, edge, index). A
+-- table of its own, not an idempotency key: no enqueue, whatever key it
+-- brings, can take a baton's place or stop it from being made.
+CREATE TABLE batonq.batons (
+    parent_id   bigint NOT NULL,
+    edge_id     bigint NOT NULL,
+    fan_index   integer NOT NULL,
+    task_id     bigint NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (parent_id, edge_id, fan_index)
+);
+
+REVOKE ALL ON batonq.edges, batonq.joins, batonq.batons FROM PUBLIC;
 
 CREATE TYPE batonq.edge AS (
     from_queue text, to_queue text, map text, fan_out text, when_pointer text,
@@ -93,6 +105,7 @@ DECLARE
     v_edge  batonq.edges;
 BEGIN
     PERFORM batonq._queue(p_from_queue, true), batonq._queue(p_to_queue, true);
+    PERFORM batonq._check_json('when equals', p_when_equals, 131072);
     PERFORM batonq._check_pointer('map', p_map), batonq._check_pointer('fan_out', p_fan_out),
             batonq._check_pointer('when', p_when_pointer);
     IF p_when_pointer IS NULL AND (p_when_equals IS NOT NULL OR p_when_present IS NOT NULL) THEN
@@ -154,28 +167,29 @@ BEGIN ATOMIC
       FROM batonq.edges ORDER BY from_queue, to_queue;
 END;
 
--- Enqueue one baton: a child of p_parent in p_edge's target queue, under
--- the idempotency key baton:<parent>:<edge>:<index>, so a replayed or
--- racing completion can never make a second one. Returns the task's id.
+-- Enqueue one baton: a child of p_parent in p_edge's target queue, made
+-- once per (parent, edge, index) in batonq.batons, so a replayed or racing
+-- completion can never make a second one. Returns the task's id.
 CREATE FUNCTION batonq._baton(p_edge batonq.edges, p_parent batonq.archive, p_index integer,
                               p_payload jsonb, p_state text, p_join_task_id bigint)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
-    v_key   text := format('baton:%s:%s:%s', p_parent.id, p_edge.id, p_index);
     v_id    bigint := nextval('batonq.task_id_seq');
 BEGIN
-    INSERT INTO batonq.idempotency_keys (queue, key, task_id) VALUES (p_edge.to_queue, v_key, v_id)
-    ON CONFLICT (queue, key) DO NOTHING;
+    INSERT INTO batonq.batons (parent_id, edge_id, fan_index, task_id)
+    VALUES (p_parent.id, p_edge.id, p_index, v_id)
+    ON CONFLICT (parent_id, edge_id, fan_index) DO NOTHING;
     IF NOT FOUND THEN
-        RETURN (SELECT task_id FROM batonq.idempotency_keys WHERE queue = p_edge.to_queue AND key = v_key);
+        RETURN (SELECT b.task_id FROM batonq.batons b
+                 WHERE b.parent_id = p_parent.id AND b.edge_id = p_edge.id AND b.fan_index = p_index);
     END IF;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              idempotency_key, parent_id, root_id, join_task_id, fan_index)
+                              parent_id, root_id, join_task_id, fan_index)
     VALUES (v_id, p_edge.to_queue, p_state, coalesce(p_edge.priority, p_parent.priority),
             now() + make_interval(secs => p_edge.delay_s), coalesce(p_payload, 'null'),
-            v_queue.max_attempts, v_key, p_parent.id, p_parent.root_id, p_join_task_id,
+            v_queue.max_attempts, p_parent.id, p_parent.root_id, p_join_task_id,
             CASE WHEN p_join_task_id IS NOT NULL THEN p_index END);
     IF p_state = 'pending' AND p_edge.delay_s = 0 THEN
         PERFORM batonq._wake(p_edge.to_queue);
@@ -256,9 +270,9 @@ BEGIN
 END $$;
 
 -- Plain batons (no fan-out, no join) for a batch of tasks just finished
--- (their archive rows) in one statement: the same keys, rows and wake-up as
--- _baton, at set cost. Tasks whose key is taken already (a replayed
--- completion) get no second baton.
+-- (their archive rows) in one statement: the same identities, rows and
+-- wake-up as _baton, at set cost. Tasks whose baton exists already get no
+-- second one.
 CREATE FUNCTION batonq._batons(p_edge batonq.edges, p_tasks batonq.archive[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -266,23 +280,22 @@ DECLARE
     v_made  integer;
 BEGIN
     WITH src AS MATERIALIZED (
-        SELECT a.id AS parent_id, a.root_id, a.priority, a.result,
-               format('baton:%s:%s:0', a.id, p_edge.id) AS key, nextval('batonq.task_id_seq') AS id
+        SELECT a.id AS parent_id, a.root_id, a.priority, a.result, nextval('batonq.task_id_seq') AS id
           FROM unnest(p_tasks) AS a
          WHERE batonq._edge_matches(p_edge, a.result)
     ), keyed AS (
-        -- In key order, like enqueue_many: racing batches cannot deadlock.
-        INSERT INTO batonq.idempotency_keys (queue, key, task_id)
-        SELECT p_edge.to_queue, s.key, s.id FROM src s ORDER BY s.key
-        ON CONFLICT (queue, key) DO NOTHING
+        -- In parent order, like enqueue_many's keys: racing batches cannot deadlock.
+        INSERT INTO batonq.batons (parent_id, edge_id, fan_index, task_id)
+        SELECT s.parent_id, p_edge.id, 0, s.id FROM src s ORDER BY s.parent_id
+        ON CONFLICT (parent_id, edge_id, fan_index) DO NOTHING
         RETURNING task_id
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              idempotency_key, parent_id, root_id)
+                              parent_id, root_id)
     SELECT s.id, p_edge.to_queue, 'pending', coalesce(p_edge.priority, s.priority),
            now() + make_interval(secs => p_edge.delay_s),
            coalesce(s.result #> batonq._pointer_path(p_edge.map), 'null'),
-           v_queue.max_attempts, s.key, s.parent_id, s.root_id
+           v_queue.max_attempts, s.parent_id, s.root_id
       FROM src s
      WHERE s.id IN (SELECT k.task_id FROM keyed k);
     GET DIAGNOSTICS v_made = ROW_COUNT;
