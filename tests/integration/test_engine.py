@@ -306,3 +306,56 @@ def test_claim_checks_arguments_even_for_a_new_queue(client: batonq.Client) -> N
         with pytest.raises(batonq.InvalidArgument, match="max_tasks must be between 1 and 10000"):
             client.claim(queue, max_tasks=0)
         client.enqueue(Q, 1)
+
+
+def forged(lease_token: str) -> str:
+    """The same queue, task and fencing token with another secret."""
+    head, _, secret = lease_token.rpartition("/")
+    return f"{head}/{'0' * 32 if secret != '0' * 32 else '1' * 32}"
+
+
+def test_a_replay_is_the_same_write_from_the_same_lease(
+    client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    # A complete after a fail on the same lease: the fail gave the lease up.
+    failed = client.enqueue(Q, "f")
+    [lease] = client.claim(Q)
+    client.fail(lease.lease_token, "boom", retry_delay_s=60)
+    assert client.fail(lease.lease_token, "boom", retry_delay_s=60).replayed
+    gave_up = rf"^lease no longer held: task t_{failed.task_id} is pending$"
+    with pytest.raises(batonq.LeaseLost, match=gave_up):
+        client.complete(lease.lease_token, "late result")
+    assert client.task(failed.task_id).result is None
+
+    # A fail after a complete: the task is done.
+    done = client.enqueue(Q, "c")
+    [lease] = client.claim(Q)
+    client.complete(lease.lease_token, "ok")
+    assert client.complete(lease.lease_token, "ok").replayed
+    with pytest.raises(batonq.TaskFinished, match="is done"):
+        client.fail(lease.lease_token, "too late")
+    # The right fencing token with a wrong secret, on a finished task or a
+    # failed one: a forged token, not a replay.
+    with pytest.raises(batonq.InvalidToken, match=f"wrong lease token for task {done.task_id}"):
+        client.complete(forged(lease.lease_token), "forged")
+    dead = client.enqueue(Q, "d")
+    [lease] = client.claim(Q)
+    client.fail(lease.lease_token, "no", requeue=False)
+    with pytest.raises(batonq.InvalidToken):
+        client.fail(forged(lease.lease_token), "no", requeue=False)
+    with pytest.raises(batonq.TaskFinished, match="is dead"):
+        client.complete(lease.lease_token, "after all")
+    assert client.task(done.task_id).result == "ok"
+    assert client.task(dead.task_id).result is None
+
+    ledger = sql.execute(
+        """SELECT task_id, kind, outcome, state_after FROM batonq.submits
+            WHERE outcome <> 'accepted' ORDER BY at, task_id, kind"""
+    ).fetchall()
+    assert ledger == [
+        (failed.task_id, "fail", "replayed", "pending"),
+        (failed.task_id, "complete", "set_aside", "pending"),
+        (done.task_id, "complete", "replayed", "done"),
+        (done.task_id, "fail", "set_aside", "done"),
+        (dead.task_id, "complete", "set_aside", "dead"),
+    ]

@@ -3,8 +3,10 @@ and the client's exceptions for them. Nothing is half-written by a refusal."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -50,7 +52,9 @@ def test_payload_too_large_names_the_sizes(
     body = "x" * DEFAULT_LIMIT  # its JSON text has the two quotes too
     error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb(body)))
     assert type(error) is batonq.PayloadTooLarge
-    assert error.message == f"payload is {DEFAULT_LIMIT + 2} bytes as compact JSON, over the limit of {DEFAULT_LIMIT} bytes"
+    assert error.message == (
+        f"payload is {DEFAULT_LIMIT + 2} bytes as compact JSON, over the limit of {DEFAULT_LIMIT} bytes"
+    )
     assert error.detail == {"what": "payload", "size": DEFAULT_LIMIT + 2, "limit": DEFAULT_LIMIT}
     # Just under the limit is fine.
     conn.execute("SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb("x" * (DEFAULT_LIMIT - 2))))
@@ -203,3 +207,106 @@ def test_other_database_errors_pass_through(conn: psycopg.Connection[Any]) -> No
     with pytest.raises(psycopg.errors.UndefinedTable) as missing:
         conn.execute("SELECT * FROM public.no_such_table")
     assert from_database_error(missing.value) is missing.value, "not batonq's: no SchemaMissing"
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def test_size_is_measured_as_compact_json(client: batonq.Client, admin: batonq.Client) -> None:
+    # PostgreSQL writes jsonb with a space after every ',' and ':'; the limit
+    # counts compact JSON, as a client sends it.
+    admin.configure_queue(Q, max_body_bytes=1000)
+    body = {"k": list(range(270))}
+    compact = len(json.dumps(body, separators=(",", ":")))
+    assert compact <= 1000 < len(json.dumps(body))
+    assert client.enqueue(Q, body).created
+    with pytest.raises(batonq.PayloadTooLarge) as raised:
+        client.enqueue(Q, {"k": list(range(300)), "s": "a, b: c"})
+    size = len(json.dumps({"k": list(range(300)), "s": "a, b: c"}, separators=(",", ":")))
+    assert raised.value.detail == {"what": "payload", "size": size, "limit": 1000}
+
+
+def test_json_too_deep_is_refused_at_every_door(
+    conn: psycopg.Connection[Any], client: batonq.Client, admin: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    deep = nested(300)
+    error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb(deep)))
+    assert type(error) is batonq.JsonTooDeep and isinstance(error, batonq.InvalidArgument)
+    assert error.message == "payload nests 300 levels deep; the limit is 64"
+    assert error.detail == {"what": "payload", "depth": 300, "limit": 64}
+    error = engine_error(
+        conn, "SELECT * FROM batonq.enqueue_many(%s, %s::jsonb[])", (Q, [Jsonb(1), Jsonb(nested(65))])
+    )
+    assert error.message == "payload 2 nests 65 levels deep; the limit is 64"
+    # An array as deep as the limit, then one more level of it.
+    assert client.enqueue(Q, json.loads("[" * 64 + "]" * 64)).created
+    with pytest.raises(batonq.JsonTooDeep, match="nests 65 levels"):
+        client.enqueue(Q, json.loads("[" * 65 + "]" * 65))
+    assert client.enqueue(Q, nested(64)).created
+
+    [lease] = client.claim(Q)
+    with pytest.raises(batonq.JsonTooDeep, match=r"^result nests 300 levels deep; the limit is 64$"):
+        client.complete(lease.lease_token, deep)
+    with pytest.raises(batonq.JsonTooDeep, match=r"^error nests 300 levels deep"):
+        client.fail(lease.lease_token, deep)
+    with pytest.raises(batonq.JsonTooDeep, match=r"^result 2 nests 300 levels deep"):
+        client.complete_many([(lease.lease_token, 1), (lease.lease_token, deep)])
+    with pytest.raises(batonq.JsonTooDeep, match=r"^when equals nests 300"):
+        admin.add_edge(Q, "errors:next", when="/x", equals=deep)
+    assert client.task(lease.task_id).state == "leased", "the refusals kept the lease"
+    assert hot_count(sql) == 2
+
+
+def test_huge_numbers_are_refused_at_every_door(
+    conn: psycopg.Connection[Any], client: batonq.Client
+) -> None:
+    huge = "1" + "0" * 5000  # a number Python's int cannot read back
+    error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s::jsonb)", (Q, f"[1, {huge}]"))
+    assert type(error) is batonq.NumberTooLarge and isinstance(error, batonq.InvalidArgument)
+    assert error.message == (
+        "payload holds a number with 5001 digits before the decimal point; the limit is 300"
+    )
+    assert error.detail == {"what": "payload", "digits": 5001, "limit": 300}
+    error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s::jsonb)", (Q, "-1e300"))
+    assert error.message.startswith("payload holds a number with 301 digits before the decimal point")
+    # Below 1e300 is fine: Python's int and a double hold it.
+    conn.execute("SELECT * FROM batonq.enqueue(%s, %s::jsonb)", (Q, "[9.99e299, -1e-300, 12.5]"))
+    [lease] = client.claim(Q)
+    assert lease.payload == [999 * 10**297, -1e-300, 12.5]
+    error = engine_error(conn, "SELECT * FROM batonq.complete(%s, %s::jsonb)", (lease.lease_token, huge))
+    assert type(error) is batonq.NumberTooLarge
+    error = engine_error(conn, "SELECT * FROM batonq.fail(%s, %s::jsonb)", (lease.lease_token, huge))
+    assert error.message.startswith("error holds a number with 5001 digits")
+    assert client.task(lease.task_id).state == "leased"
+
+
+def test_rows_stored_before_the_limits_still_load(
+    client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    # Rows written behind the engine's back, as an older engine accepted
+    # them: a 5,000-digit number and 300 levels of nesting.
+    huge = "9" * 5000
+    deep = "[" * 300 + "]" * 300
+    client.enqueue(Q, 0)
+    legacy_text = f'{{"n": {huge}, "deep": {deep}}}'
+    sql.execute("UPDATE batonq.tasks SET payload = %s::jsonb WHERE queue = %s", (legacy_text, Q))
+    client.enqueue(Q, 1)
+    sql.execute(
+        "UPDATE batonq.tasks SET payload = %s::jsonb WHERE queue = %s AND payload = '1'",
+        ("[" * 2000 + "]" * 2000, Q),
+    )
+    listed = client.tasks(Q)
+    assert len(listed) == 2
+    leases = client.claim(Q, max_tasks=2)
+    by_id = {lease.task_id: lease.payload for lease in leases}
+    legacy, deeper = by_id[min(by_id)], by_id[max(by_id)]
+    # Too deep to serve: its JSON text; too long for int: a Decimal.
+    assert legacy == legacy_text
+    assert isinstance(deeper, str) and deeper.startswith("[[[")
+    sql.execute("UPDATE batonq.tasks SET payload = %s::jsonb WHERE queue = %s", (f"[{huge}]", Q))
+    [again] = [t for t in client.tasks(Q) if t.id == min(by_id)]
+    assert again.payload == [Decimal(huge)]

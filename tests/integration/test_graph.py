@@ -217,3 +217,30 @@ def test_lineage_with_fan_out_and_explicit_children(admin: batonq.Client, client
     assert client.run_status(root.task_id).status == "running"
     with pytest.raises(batonq.TaskNotFound):
         client.enqueue("notes", 1, parent_id=10**12)
+
+
+@pytest.mark.parametrize("edge", ["plain", "fan_out", "join"])
+def test_an_enqueue_cannot_take_a_batons_place(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any], edge: str
+) -> None:
+    # A key scoped to the target queue enqueues, first, under every name a
+    # baton could once have had (baton:<parent>:<edge>:<index>).
+    options: dict[str, Any] = {"plain": {}, "fan_out": {"fan_out": "/items"}, "join": {"join": True}}[edge]
+    admin.add_edge("hj-a", "hj-b", **options)
+    edge_id = sql.execute("SELECT id FROM batonq.edges WHERE from_queue = 'hj-a'").fetchone()
+    assert edge_id is not None
+    parent = client.enqueue("hj-a", {"n": 1})
+    for index in range(2):
+        forged = client.enqueue("hj-b", {"forged": True}, key=f"baton:{parent.task_id}:{edge_id[0]}:{index}")
+        assert forged.created
+    [lease] = client.claim("hj-a")
+    result = {"items": [{"real": 0}, {"real": 1}]}
+    client.complete(lease.lease_token, result)
+
+    made = sorted((t for t in client.tasks("hj-b") if t.parent_id == parent.task_id), key=lambda t: t.id)
+    expected = {"plain": [result], "fan_out": result["items"], "join": [[result]]}[edge]
+    assert [t.payload for t in made] == expected
+    assert all(t.idempotency_key is None for t in made)
+    forged_left = [t for t in client.tasks("hj-b") if t.payload == {"forged": True}]
+    assert len(forged_left) == 2 and all(t.parent_id is None for t in forged_left)
+    assert client.run_status(parent.task_id).tasks == 1 + len(expected)
