@@ -279,3 +279,32 @@ def test_a_run_shows_where_it_failed_only_within_scope(
     full = admin.get(f"/v1/runs/{root}").json()
     assert (full["failed_task_id"], full["failed_queue"], full["error"]) == (child["task_id"], "hidden:step",
                                                                             "secret reason")  # fmt: skip
+
+
+def test_a_parent_outside_the_keys_scopes_does_not_exist(
+    shared_server: LiveServer, shared_http: httpx.Client
+) -> None:
+    """Linking a task to a parent the key cannot see is refused exactly as
+    for an id nobody has: no existence, root or run leaks, and the foreign
+    run cannot be made to fail through a child."""
+    secret = enqueue(shared_http, "secret:jobs", {"classified": True})
+    unknown = "t_999999998"
+    _, key = new_key(shared_http, WORKER, ["shop:*"])
+    with shared_server.http(key) as shop:
+        own = enqueue(shop, "shop:parents", 1)
+        assert enqueue(shop, "shop:children", 2, parent=own)
+        answers = {
+            parent: shop.post("/v1/enqueue", json={"queue": "shop:children", "payload": 3, "parent": parent})
+            for parent in (secret, unknown)
+        }
+        foreign = problem(answers[secret], 404, "task_not_found")
+        nobody = problem(answers[unknown], 404, "task_not_found")
+        assert _without(foreign, secret) == _without(nobody, unknown)
+        items = [{"queue": "shop:children", "payload": 4},
+                 {"queue": "shop:children", "payload": 5, "parent": secret}]  # fmt: skip
+        as_list = shop.post("/v1/enqueue", json=items)
+        assert _without(problem(as_list, 404, "task_not_found"), secret) == _without(nobody, unknown)
+        children = shop.get("/v1/tasks", params={"queue": "shop:children"}).json()["tasks"]
+        assert [c["payload"] for c in children] == [2], "nothing else was enqueued"
+    run = shared_http.get(f"/v1/runs/{secret}").json()
+    assert (run["status"], run["tasks"]) == ("running", 1)

@@ -201,3 +201,23 @@ def test_a_list_submit_answers_each_item(http: httpx.Client, sql: psycopg.Connec
 
     problem(http.post("/v1/submit", json=[]), 422, "invalid_request")
     problem(http.post("/v1/submit", json=[{"lease_token": "nonsense"}]), 400, "invalid_token")
+
+
+def test_a_list_submit_answers_an_unknown_or_forged_item_alone(http: httpx.Client) -> None:
+    for n in range(2):
+        enqueue(http, "batch:mixed", {"n": n})
+    leases = http.post("/v1/claim", json={"queue": "batch:mixed", "max_tasks": 2}).json()["tasks"]
+    head, _, secret = leases[1]["lease_token"].rpartition("/")
+    unknown = f"batch:mixed/999999997/{leases[0]['fencing_token']}/{secret}"
+    forged = f"{head}/{'0' * 32}"
+    items = [{"lease_token": token, "result": "r"} for token in (leases[0]["lease_token"], unknown, forged)]
+    answer = http.post("/v1/submit", json=items)
+    assert answer.status_code == 200, answer.text
+    results = answer.json()["results"]
+    assert [(r["task_id"], r["outcome"], r["state"]) for r in results] == [
+        (leases[0]["task_id"], "accepted", "done"),
+        ("t_999999997", "not_found", None),
+        (leases[1]["task_id"], "invalid_token", None),
+    ]
+    assert task(http, leases[0]["task_id"])["result"] == "r", "the valid item was applied"
+    assert task(http, leases[1]["task_id"])["state"] == "leased", "the forged one changed nothing"

@@ -10,8 +10,10 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from tests.e2e.live import LiveServer, claim_one, enqueue, problem
 
@@ -104,6 +106,43 @@ def test_a_payload_over_128_kib_is_refused_and_nothing_is_lost(shared_http: http
     assert shared_http.get(f"/v1/tasks/{task_id}").json()["state"] == "leased"
     fine = shared_http.post("/v1/submit", json={"lease_token": lease["lease_token"], "result": "ok"})
     assert fine.status_code == 200 and fine.json()["state"] == "done"
+
+
+def test_what_could_not_be_served_is_refused_at_the_door(shared_http: httpx.Client) -> None:
+    """A payload or result nested past 64 levels would be stored but could
+    not be read back (serialisers stop at 255); it is refused with 400."""
+    deep = json.loads("[" * 300 + "]" * 300)
+    refused = shared_http.post("/v1/enqueue", json={"queue": "deep", "payload": deep})
+    error = problem(refused, 400, "json_too_deep")
+    assert error["message"] == "payload nests 300 levels deep; the limit is 64"
+    assert (error["depth"], error["limit"]) == (300, 64)
+    for n in range(10):
+        enqueue(shared_http, "deep", {"n": n})
+    leases = shared_http.post("/v1/claim", json={"queue": "deep", "max_tasks": 10}).json()["tasks"]
+    items = [{"lease_token": lease["lease_token"], "result": deep} for lease in leases]
+    assert problem(shared_http.post("/v1/submit", json=items), 400, "json_too_deep")["what"] == "result 1"
+    listed = shared_http.get("/v1/tasks", params={"queue": "deep"})
+    assert listed.status_code == 200 and [t["state"] for t in listed.json()["tasks"]] == ["leased"] * 10
+
+
+def test_rows_stored_before_the_limits_are_still_served(
+    http: httpx.Client, sql: psycopg.Connection[Any]
+) -> None:
+    """Rows an older engine accepted (a 5,000-digit number, 300 levels) are
+    listed, shown and claimed: no read fails, and no claim fails after its
+    lease was taken."""
+    huge, deep = "9" * 5000, "[" * 300 + "]" * 300
+    ids = [enqueue(http, "legacy", n) for n in range(2)]
+    sql.execute("UPDATE batonq.tasks SET payload = %s::jsonb WHERE id = %s", (f"[{huge}]", int(ids[0][2:])))
+    sql.execute("UPDATE batonq.tasks SET payload = %s::jsonb WHERE id = %s", (deep, int(ids[1][2:])))
+    listed = http.get("/v1/tasks", params={"queue": "legacy"})
+    assert listed.status_code == 200, listed.text
+    assert http.get(f"/v1/tasks/{ids[0]}").status_code == 200
+    claimed = http.post("/v1/claim", json={"queue": "legacy", "max_tasks": 10})
+    assert claimed.status_code == 200, claimed.text
+    payloads = {t["task_id"]: t["row"]["payload"] for t in claimed.json()["tasks"]}
+    # The number comes as its digits (a string); the deep value as its JSON text.
+    assert payloads == {ids[0]: [huge], ids[1]: deep}
 
 
 @pytest.mark.parametrize(

@@ -268,6 +268,34 @@ async def test_http_enforces_queue_scopes_per_call(service: Service, admin_dsn: 
         await call(session, "batonq_complete", lease_token=task["lease_token"], result=None)
 
 
+async def test_what_cannot_be_served_and_foreign_parents_are_refused_with_a_reason(
+    service: Service, admin_dsn: str
+) -> None:
+    scoped = make_key(admin_dsn, 2, "shards*")
+    async with http_session(service.url, service.admin_key) as admin:
+        foreign = (await call(admin, "batonq_enqueue", queue="secret", payload={}))["task_id"]
+    async with http_session(service.url, scoped) as session:
+        deep: Any = 1
+        for _ in range(100):
+            deep = [deep]
+        assert (await refused(session, "batonq_enqueue", queue="shards-deep", payload=deep)).endswith(
+            ": json_too_deep: payload nests 100 levels deep; the limit is 64"
+        )
+        await call(session, "batonq_enqueue", queue="shards-deep", payload=1)
+        task = (await call(session, "batonq_claim", queue="shards-deep"))["task"]
+        answer = await refused(session, "batonq_complete", lease_token=task["lease_token"], result=deep)
+        assert answer.endswith(": json_too_deep: result nests 100 levels deep; the limit is 64")
+        # A parent the key cannot see reads as one nobody has.
+        answers = [
+            await refused(session, "batonq_enqueue", queue="shards-deep", payload=2, parent=parent)
+            for parent in (foreign, "t_999999996")
+        ]
+        assert answers[0].endswith(f": task_not_found: task {foreign} not found")
+        assert answers[1] == answers[0].replace(foreign, "t_999999996")
+        tasks = (await call(session, "batonq_tasks", queue="shards-deep"))["tasks"]
+        assert [t["state"] for t in tasks] == ["leased"], "the lease stands and nothing was enqueued"
+
+
 async def test_http_serves_the_2026_protocol_too(service: Service, admin_dsn: str) -> None:
     """The SDK's high-level Client discovers the newest protocol (no session,
     no handshake); keys and read-only filtering hold there as well."""
