@@ -65,7 +65,11 @@ _UNPARSABLE = "There was an error parsing the body"
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut, "description": description}
     for status, description in (
-        (400, "invalid_json, invalid_queue_name, invalid_token, invalid_argument, json_too_deep, number_too_large"),
+        (
+            400,
+            "invalid_json, invalid_queue_name, invalid_token, invalid_argument, json_too_deep,"
+            " number_too_large",
+        ),
         (401, "unauthorized: no key, or an unknown or revoked one"),
         (403, "forbidden: the key's ring or queue scopes do not allow this"),
         (404, "task_not_found and the like (a task outside the key's scopes does not exist)"),
