@@ -273,9 +273,11 @@ def test_huge_numbers_are_refused_at_every_door(
     assert error.detail == {"what": "payload", "digits": 5001, "limit": 300}
     error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s::jsonb)", (Q, "-1e300"))
     assert error.message.startswith("payload holds a number with 301 digits before the decimal point")
-    # Below 1e300 is fine: Python's int and a double hold it.
+    # Below 1e300 is fine: Python's int and a double hold it. So are digits in a string.
     conn.execute("SELECT * FROM batonq.enqueue(%s, %s::jsonb)", (Q, "[9.99e299, -1e-300, 12.5]"))
-    [lease] = client.claim(Q)
+    conn.execute("SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb({"id": huge})))
+    assert client.tasks(Q)[0].payload == {"id": huge}
+    [lease, _] = client.claim(Q, max_tasks=2)
     assert lease.payload == [999 * 10**297, -1e-300, 12.5]
     error = engine_error(conn, "SELECT * FROM batonq.complete(%s, %s::jsonb)", (lease.lease_token, huge))
     assert type(error) is batonq.NumberTooLarge

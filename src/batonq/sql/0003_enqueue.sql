@@ -165,7 +165,7 @@ BEGIN
     PERFORM batonq._check_enqueue_args(0, 0, p_max_attempts);
     SELECT i.ord INTO v_bad
       FROM unnest(p_payloads, p_delays_s) WITH ORDINALITY AS i(body, delay_s, ord)
-     WHERE i.body IS NULL OR NOT batonq._json_fits(i.body, v_queue.max_body_bytes)
+     WHERE i.body IS NULL OR NOT batonq._json_fits(i.body, i.body::text, v_queue.max_body_bytes)
         OR i.delay_s < 0 OR i.delay_s > 315360000
      LIMIT 1;
     IF v_bad IS NOT NULL THEN

@@ -152,7 +152,7 @@ BEGIN
         v_limit := batonq._result_limit(v_queue);
         SELECT u.ord INTO v_bad
           FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
-         WHERE u.q = v_queue AND NOT batonq._json_fits(u.res, v_limit)
+         WHERE u.q = v_queue AND NOT batonq._json_fits(u.res, u.res::text, v_limit)
          LIMIT 1;
         IF v_bad IS NOT NULL THEN
             PERFORM batonq._check_json(format('result %s', v_bad), p_results[v_bad], v_limit);
