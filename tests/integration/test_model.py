@@ -64,6 +64,10 @@ class MTask:
     attempts: int = 0
     fencing: int | None = None
     secret_live: bool = False  # lease_secret IS NOT NULL: the current token may write
+    # The row, hot or archived, keeps the current token's secret: a write
+    # with that token and another secret is a forged one. A fail that
+    # retries and a release clear it; finishing keeps it.
+    secret_kept: bool = False
     lease_s: int | None = None
     lease_expires: float | None = None
     errors: int = 0
@@ -86,8 +90,8 @@ class Model:
     def __init__(self) -> None:
         self.tasks: dict[int, MTask] = {}
         self.keys: dict[str, int] = {}
-        # (task, fencing token) -> state after its first accepted complete/fail
-        self.outcomes: dict[tuple[int, int], str] = {}
+        # (task, fencing token) -> the first accepted complete or fail, and the state after it
+        self.outcomes: dict[tuple[int, int], tuple[str, str]] = {}
         self.max_token = 0
         self.aged = 0.0
 
@@ -128,10 +132,11 @@ class Model:
         current = t.state in HOT and t.fencing == lease.fencing_token and t.secret_live
         if current and not forged:
             return Expect("accepted")
+        # A replay is the same write kind from the same lease.
         first = self.outcomes.get((t.id, lease.fencing_token))
-        if kind in ("complete", "fail") and first is not None:
-            return Expect("replayed", first)
-        if current:
+        if not forged and first is not None and first[0] == kind:
+            return Expect("replayed", first[1])
+        if forged and t.fencing == lease.fencing_token and t.secret_kept:
             return Expect("invalid_token")
         return Expect("lease_lost" if t.state in HOT else "finished", t.state)
 
@@ -282,7 +287,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.max_token = max([self.model.max_token, *tokens])
         for lease, t in zip(got, expected, strict=True):
             t.state, t.attempts, t.lease_s = "leased", t.attempts + 1, lease_s
-            t.fencing, t.secret_live = lease.fencing_token, True
+            t.fencing, t.secret_live, t.secret_kept = lease.fencing_token, True, True
             t.lease_expires = lease.lease_expires_at.timestamp() + self.model.aged
             assert lease.lease_expires_in_s == lease_s
             assert (lease.attempt, lease.max_attempts) == (t.attempts, t.max_attempts)
@@ -317,7 +322,7 @@ class QueueMachine(RuleBasedStateMachine):
         if self.write(self.model.expect("complete", lease), lease, call) is not None:
             t.state = "done"
             t.give_up_lease()
-            self.model.outcomes[(t.id, lease.fencing_token)] = "done"
+            self.model.outcomes[(t.id, lease.fencing_token)] = ("complete", "done")
             assert self.client.task(t.id).result == result
 
     @rule(pick=PICKS, mode=st.sampled_from(["retry:0", "retry:5", "retry:30", "backoff", "requeue=False"]))
@@ -340,6 +345,7 @@ class QueueMachine(RuleBasedStateMachine):
             t.state = "dead"
         else:
             t.state = "pending"
+            t.secret_kept = False
             t.run_at = self.stored_run_at(t.id)
             if delay is None:  # exponential backoff with jitter in [0.5, 1)
                 full = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (t.attempts - 1))
@@ -347,7 +353,7 @@ class QueueMachine(RuleBasedStateMachine):
             else:
                 low = high = delay
             assert before + low - CLOCK_SLACK_S <= t.run_at <= after + high + CLOCK_SLACK_S
-        self.model.outcomes[(t.id, lease.fencing_token)] = t.state
+        self.model.outcomes[(t.id, lease.fencing_token)] = ("fail", t.state)
         assert self.client.task(t.id).state == t.state
 
     @rule(pick=PICKS)
@@ -361,6 +367,7 @@ class QueueMachine(RuleBasedStateMachine):
             t.state = "pending"
             t.attempts = max(t.attempts - 1, 0)
             t.give_up_lease()
+            t.secret_kept = False
             t.run_at = self.stored_run_at(t.id)
 
     @rule(pick=PICKS, kind=st.sampled_from(["complete", "heartbeat", "fail"]))
