@@ -163,9 +163,14 @@ BEGIN
         PERFORM batonq._invalid_argument('idempotency_keys, priorities and delays_s may not be longer than payloads');
     END IF;
     PERFORM batonq._check_enqueue_args(0, 0, p_max_attempts);
+    -- Each body's text is made once (OFFSET 0 keeps the subquery from being
+    -- folded into two casts); a short one needs no call of _json_fits.
     SELECT i.ord INTO v_bad
-      FROM unnest(p_payloads, p_delays_s) WITH ORDINALITY AS i(body, delay_s, ord)
-     WHERE i.body IS NULL OR NOT batonq._json_fits(i.body, i.body::text, v_queue.max_body_bytes)
+      FROM unnest(p_payloads, p_delays_s) WITH ORDINALITY AS i(body, delay_s, ord),
+           LATERAL (SELECT i.body::text AS txt OFFSET 0) x
+     WHERE i.body IS NULL
+        OR (octet_length(x.txt) >= least(v_queue.max_body_bytes + 1, 2 * batonq._max_json_depth() + 2)
+            AND NOT batonq._json_fits(i.body, x.txt, v_queue.max_body_bytes))
         OR i.delay_s < 0 OR i.delay_s > 315360000
      LIMIT 1;
     IF v_bad IS NOT NULL THEN

@@ -151,8 +151,11 @@ BEGIN
     FOR v_queue IN SELECT DISTINCT r.queue FROM unnest(v_refs) AS r LOOP
         v_limit := batonq._result_limit(v_queue);
         SELECT u.ord INTO v_bad
-          FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
-         WHERE u.q = v_queue AND NOT batonq._json_fits(u.res, u.res::text, v_limit)
+          FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord),
+               LATERAL (SELECT u.res::text AS txt OFFSET 0) x  -- as in enqueue_many
+         WHERE u.q = v_queue
+           AND octet_length(x.txt) >= least(v_limit + 1, 2 * batonq._max_json_depth() + 2)
+           AND NOT batonq._json_fits(u.res, x.txt, v_limit)
          LIMIT 1;
         IF v_bad IS NOT NULL THEN
             PERFORM batonq._check_json(format('result %s', v_bad), p_results[v_bad], v_limit);
