@@ -247,7 +247,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.serial += 1
         before = self.model.now()
         reply = self.client.enqueue(
-            Q, {"n": self.serial}, priority=priority, delay_s=delay_s, key=key, max_attempts=max_attempts
+            Q, {"n": self.serial}, priority=priority, delay_s=delay_s, idempotency_key=key,
+            max_attempts=max_attempts
         )
         after = self.model.now()
         if key is not None and key in self.model.keys:

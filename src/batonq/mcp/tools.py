@@ -60,7 +60,7 @@ class ClaimedTask(BaseModel):
             task_id=task_ref(lease.task_id), queue=lease.queue, lease_token=lease.lease_token,
             fencing_token=lease.fencing_token, lease_expires_in_s=lease.lease_expires_in_s,
             lease_expires_at=lease.lease_expires_at, attempt=lease.attempt,
-            max_attempts=lease.max_attempts, priority=lease.priority, payload=lease.payload,
+            max_attempts=lease.max_attempts, priority=lease.priority, payload=lease.row,
             idempotency_key=lease.idempotency_key, parent_id=tid(lease.parent_id),
             root_id=task_ref(lease.root_id),
         )  # fmt: skip
@@ -172,7 +172,7 @@ async def batonq_enqueue(
     with _as_tool_errors():
         made = await access.client.enqueue(
             queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
-            key=idempotency_key, parent_id=parent,
+            idempotency_key=idempotency_key, parent=parent,
         )  # fmt: skip
     return EnqueueOut.of(made)
 
