@@ -11,7 +11,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidatorFunctionWrapHandler,
     WrapValidator,
@@ -78,7 +80,7 @@ MAX_DELAY_S = 315360000
 """Ten years: the longest delay or backoff the API takes."""
 DelayS = Annotated[float, Field(ge=0, le=MAX_DELAY_S), _between(0, MAX_DELAY_S)]
 WaitS = Annotated[float, Field(ge=0, le=55), _between(0, 55)]
-FencingToken = Annotated[int, Field(ge=1, le=2**63 - 1), _Integral, _between(1, 2**63 - 1)]
+FencingToken = Annotated[int, Field(ge=1, le=MAX_ID), _Integral, _between(1, MAX_ID)]
 
 State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
 RunState = Literal["running", "done", "failed"]
@@ -168,8 +170,10 @@ class ClaimedTask(BaseModel):
     fencing_token: int
     lease_expires_in_s: int = Field(description="the lease's length in seconds, from the claim")
     row: Any = Field(description="the task's input: the payload it was enqueued with")
-    lease_token: str = Field(description="present it with every write about the task (or send task_id and"
-                             " fencing_token from the key that claimed it)")
+    lease_token: str = Field(
+        description="present it with every write about the task (or send task_id and"
+        " fencing_token from the key that claimed it)"
+    )
     lease_expires_at: datetime
     attempt: int
     max_attempts: int
@@ -210,43 +214,90 @@ class ClaimOut(BaseModel):
     tasks: list[ClaimedTask]
 
 
-class LeaseIn(Strict):
-    """A write about a leased task names its lease by ``lease_token``, or by
-    ``task_id`` and ``fencing_token`` from the key that claimed it."""
+class ByToken(Strict):
+    """A write that names its lease by the lease token the claim returned."""
 
-    lease_token: str | None = Field(None, max_length=300)
-    task_id: TaskRef | None = Field(None, description="with fencing_token, instead of lease_token")
-    fencing_token: FencingToken | None = Field(None, description="with task_id, instead of lease_token")
-
-    @model_validator(mode="after")
-    def _one_lease(self) -> LeaseIn:
-        by_fence = (self.task_id is not None, self.fencing_token is not None)
-        if self.lease_token is not None and any(by_fence):
-            raise ValueError("give lease_token, or task_id with fencing_token, not both")
-        if self.lease_token is None and not all(by_fence):
-            raise ValueError("give lease_token, or task_id with fencing_token")
-        return self
+    lease_token: str = Field(max_length=300)
 
 
-class HeartbeatIn(LeaseIn):
+class ByFence(Strict):
+    """A write that names its lease by task and fencing token: taken from the
+    API key that claimed it only."""
+
+    task_id: TaskRef
+    fencing_token: FencingToken
+
+
+def _named_by(value: Any) -> str:
+    return "ByToken" if isinstance(value, dict) and "lease_token" in value else "ByFence"
+
+
+LeaseRef = ByToken | ByFence
+"""How a write names its lease."""
+
+
+class _Heartbeat(Strict):
     lease_s: LeaseS | None = Field(None, validation_alias=_also("lease_s", "lease_seconds"))
     stage: str | None = Field(None, max_length=1000)
+
+
+class HeartbeatByToken(ByToken, _Heartbeat):
+    pass
+
+
+class HeartbeatByFence(ByFence, _Heartbeat):
+    pass
+
+
+class _Submit(Strict):
+    result: Any = None
+
+
+class SubmitByToken(ByToken, _Submit):
+    pass
+
+
+class SubmitByFence(ByFence, _Submit):
+    pass
+
+
+class _Fail(Strict):
+    error: Any = None
+    retry_delay_s: DelayS | None = Field(None, validation_alias=_also("retry_delay_s", "retry_delay_seconds"))
+    requeue: bool = True
+
+
+class FailByToken(ByToken, _Fail):
+    pass
+
+
+class FailByFence(ByFence, _Fail):
+    pass
+
+
+# A body with lease_token is checked as one by token, any other by fence: its
+# errors are that form's alone.
+HeartbeatIn = Annotated[
+    Annotated[HeartbeatByToken, Tag("ByToken")] | Annotated[HeartbeatByFence, Tag("ByFence")],
+    Discriminator(_named_by),
+]
+SubmitIn = Annotated[
+    Annotated[SubmitByToken, Tag("ByToken")] | Annotated[SubmitByFence, Tag("ByFence")],
+    Discriminator(_named_by),
+]
+FailIn = Annotated[
+    Annotated[FailByToken, Tag("ByToken")] | Annotated[FailByFence, Tag("ByFence")],
+    Discriminator(_named_by),
+]
+ReleaseIn = Annotated[
+    Annotated[ByToken, Tag("ByToken")] | Annotated[ByFence, Tag("ByFence")], Discriminator(_named_by)
+]
 
 
 class HeartbeatOut(BaseModel):
     task_id: str
     lease_expires_in_s: float
     lease_expires_at: datetime
-
-
-class SubmitIn(LeaseIn):
-    result: Any = None
-
-
-class FailIn(LeaseIn):
-    error: Any = None
-    retry_delay_s: DelayS | None = Field(None, validation_alias=_also("retry_delay_s", "retry_delay_seconds"))
-    requeue: bool = True
 
 
 class SubmitOut(BaseModel):

@@ -33,16 +33,16 @@ def token_queue(principal: Principal, lease_token: str) -> str:
     return queue
 
 
-async def lease_tokens(request: Request, principal: Principal, bodies: Sequence[s.LeaseIn]) -> list[str]:
+async def lease_tokens(request: Request, principal: Principal, bodies: Sequence[s.LeaseRef]) -> list[str]:
     """Each write's lease token: the one it sent, or the one its ``task_id``
     and ``fencing_token`` name for this key. A lease another key claimed
     gets a token the engine refuses as forged; a task outside the key's
     scopes does not exist."""
-    named = [(b.task_id, b.fencing_token) for b in bodies if b.task_id is not None and b.fencing_token]
+    named = [(b.task_id, b.fencing_token) for b in bodies if isinstance(b, s.ByFence)]
     found = iter(await client_of(request).lease_tokens_for_key(named, principal.key_id) if named else [])
     tokens = []
     for b in bodies:
-        if b.lease_token is not None:
+        if isinstance(b, s.ByToken):
             token_queue(principal, b.lease_token)
             tokens.append(b.lease_token)
             continue
@@ -203,7 +203,7 @@ async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitO
     response_model=s.SubmitOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def release(request: Request, body: s.LeaseIn, principal: Worker) -> s.SubmitOut:
+async def release(request: Request, body: s.ReleaseIn, principal: Worker) -> s.SubmitOut:
     """Give a lease back unfinished: the task is claimable at once and the attempt is not counted."""
     [token] = await lease_tokens(request, principal, [body])
     with metrics_of(request).refusals(queue_of(token)):
