@@ -24,7 +24,7 @@ from batonq import errors
 from batonq.mcp.access import Access, access_of
 from batonq.models import Lease, Submitted
 from batonq.operations import task_ref
-from batonq.service.schemas import EnqueueOut, QueueStatsOut, State, TaskOut, tid
+from batonq.service.schemas import EnqueueOut, QueueStatsOut, SetAsideOut, State, TaskOut, tid
 
 __all__ = ["READ_TOOLS", "TOOLS", "ToolSpec"]
 
@@ -93,6 +93,10 @@ class TasksOut(BaseModel):
         "whose run_at is still ahead. Null when the queue does not exist yet."
     )
     tasks: list[TaskOut] = Field(description="The newest tasks first.")
+    set_aside: list[SetAsideOut] = Field(
+        description="Writes refused about these tasks (a late complete from an older lease, ...): "
+        "kind, fencing token, when, and the worker that held that token's lease."
+    )
 
 
 class QueuesOut(BaseModel):
@@ -279,10 +283,12 @@ async def batonq_tasks(
     with _as_tool_errors():
         stats = await access.client.queues(queue)
         found = await access.client.tasks(queue, state=state, limit=limit)
+        set_aside = await access.client.set_aside_writes([t.id for t in found])
     return TasksOut(
         queue=queue,
         counts=QueueStatsOut.model_validate(stats[0], from_attributes=True) if stats else None,
         tasks=[TaskOut.of(t) for t in found],
+        set_aside=[SetAsideOut.of(w) for w in set_aside],
     )
 
 
@@ -374,7 +380,8 @@ TOOLS: dict[str, ToolSpec] = {
         title="Look at a queue's tasks",
         description=(
             "Counts per state of one queue (waiting, held, pending, scheduled, leased, done, dead, "
-            "cancelled) and its most recent tasks with payload, result, attempts and last_error. "
+            "cancelled) and its most recent tasks with payload, result, attempts and last_error, "
+            "and the writes refused about them (set_aside). "
             "Filter with state: 'done' for results, 'dead' for what ran out of attempts. Read-only."
         ),
         annotations=_hints(read_only=True),

@@ -87,7 +87,7 @@ BEGIN
     IF NOT FOUND THEN
         v_queue := (SELECT a.queue FROM batonq.archive a WHERE a.id = p_task_id LIMIT 1);
         IF v_queue IS NULL THEN
-            RAISE EXCEPTION 'task % not found', p_task_id
+            RAISE EXCEPTION 'task t_% not found', p_task_id
                 USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_task_id)::text;
         END IF;
     ELSIF v_token = p_fencing_token AND v_key = p_key_id AND v_secret IS NOT NULL THEN
