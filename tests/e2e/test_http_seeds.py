@@ -13,12 +13,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import batonq
 import httpx
 import psycopg
 from tests.conftest import age
 from tests.e2e.live import LiveServer, claim_one, enqueue, new_key, problem
 from tests.e2e.seeds import TELEON_CLAIM, TELEON_CLAIMED, TELEON_SUBMIT, compact
+
+import batonq
 
 Sql = psycopg.Connection[tuple[Any, ...]]
 JSON_BODY = {"Content-Type": "application/json"}
@@ -48,12 +49,18 @@ def test_teleon_claims_and_submits_word_for_word(server: LiveServer, http: httpx
 
         submitted = w31.post("/v1/submit", content=TELEON_SUBMIT, headers=JSON_BODY)
         assert submitted.status_code == 200, submitted.text
-        assert submitted.content == b'{"task_id":"t_5521","state":"done","replayed":false,"fencing_token":1180}'
+        assert (
+            submitted.content == b'{"task_id":"t_5521","state":"done","replayed":false,"fencing_token":1180}'
+        )
         again = w31.post("/v1/submit", content=TELEON_SUBMIT, headers=JSON_BODY)
         assert again.json() == {"task_id": "t_5521", "state": "done", "replayed": True, "fencing_token": 1180}
 
     task = http.get("/v1/tasks/t_5521").json()
-    assert (task["state"], task["result"], task["worker"]) == ("done", json.loads(TELEON_SUBMIT)["result"], "w_31")
+    assert (task["state"], task["result"], task["worker"]) == (
+        "done",
+        json.loads(TELEON_SUBMIT)["result"],
+        "w_31",
+    )
 
 
 def test_an_empty_one_task_claim_answers_null_fields(http: httpx.Client) -> None:
@@ -102,7 +109,11 @@ def test_writes_by_fencing_token_are_taken_from_the_claiming_key_only(
                 refused = stranger.post(path, json={**named, **fields})
                 assert (refused.status_code, refused.json()) == (400, as_forged.json()), path
         shown = http.get(f"/v1/tasks/{task['task_id']}").json()
-        assert (shown["state"], shown["fencing_token"], shown["attempts"]) == ("leased", task["fencing_token"], 1)
+        assert (shown["state"], shown["fencing_token"], shown["attempts"]) == (
+            "leased",
+            task["fencing_token"],
+            1,
+        )
 
         # The claiming key: heartbeat, fail, and (once claimed again) submit.
         beat = mine.post("/v1/heartbeat", json={**named, "lease_s": 120, "stage": "half way"})
@@ -150,7 +161,9 @@ def test_a_task_outside_the_keys_scopes_is_not_found_by_fencing_token(
     enqueue(http, "mail:outbox", 1)
     task = claim_one(http, "mail:outbox")
     with server.http(new_key(http, 2, ["shop:*"])[1]) as shop:
-        answer = shop.post("/v1/submit", json={"task_id": task["task_id"], "fencing_token": task["fencing_token"]})
+        answer = shop.post(
+            "/v1/submit", json={"task_id": task["task_id"], "fencing_token": task["fencing_token"]}
+        )
         assert problem(answer, 404, "task_not_found")["message"] == f"task {task['task_id']} not found"
         gone = shop.post("/v1/submit", json={"task_id": "t_999999", "fencing_token": 1})
         assert problem(gone, 404, "task_not_found")["message"] == "task t_999999 not found"
@@ -159,7 +172,11 @@ def test_a_task_outside_the_keys_scopes_is_not_found_by_fencing_token(
 def test_a_write_names_its_lease_one_way(http: httpx.Client) -> None:
     enqueue(http, "oneway", 1)
     task = claim_one(http, "oneway")
-    both = {"lease_token": task["lease_token"], "task_id": task["task_id"], "fencing_token": task["fencing_token"]}
+    both = {
+        "lease_token": task["lease_token"],
+        "task_id": task["task_id"],
+        "fencing_token": task["fencing_token"],
+    }
     error = problem(http.post("/v1/submit", json=both), 422, "invalid_request")
     assert error["message"] == "task_id: Extra inputs are not permitted"
     half = problem(http.post("/v1/submit", json={"task_id": task["task_id"]}), 422, "invalid_request")
@@ -226,10 +243,15 @@ def test_writes_set_aside_are_shown_with_who_held_the_lease(
         problem(late, 409, "lease_lost")
         beat = slow.post("/v1/heartbeat", json={"lease_token": first["lease_token"]})
         problem(beat, 409, "lease_lost")
-        assert fast.post("/v1/submit", json={"lease_token": second["lease_token"], "result": 1}).status_code == 200
+        assert (
+            fast.post("/v1/submit", json={"lease_token": second["lease_token"], "result": 1}).status_code
+            == 200
+        )
 
     shown = http.get(f"/v1/tasks/{task_id}").json()
-    assert [(w["kind"], w["fencing_token"], w["state"], w["worker"], w["key_id"]) for w in shown["set_aside"]] == [
+    assert [
+        (w["kind"], w["fencing_token"], w["state"], w["worker"], w["key_id"]) for w in shown["set_aside"]
+    ] == [
         ("complete", first["fencing_token"], "leased", "w_30", slow_id),
         ("heartbeat", first["fencing_token"], "leased", "w_30", slow_id),
     ]
@@ -242,8 +264,12 @@ def test_writes_set_aside_are_shown_with_who_held_the_lease(
     assert "  set aside\n" in run.stdout
     assert f"    complete (fencing token {first['fencing_token']}) at " in run.stdout
     assert f": refused, the task was leased; lease held by w_30 (key {slow_id})\n" in run.stdout
-    as_json = subprocess.run([str(BATONQ), "--dsn", admin_dsn, "task", task_id, "--json"], capture_output=True,
-                             text=True, timeout=60)  # fmt: skip
+    as_json = subprocess.run(
+        [str(BATONQ), "--dsn", admin_dsn, "task", task_id, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     listed = json.loads(as_json.stdout)["set_aside"]
     assert [(w["kind"], w["worker"], w["key_id"]) for w in listed] == [
         ("complete", "w_30", slow_id), ("heartbeat", "w_30", slow_id),
