@@ -1,5 +1,5 @@
-"""Teleon's exchange, copied from the description batonq was built from: a
-client written from that text sends exactly these bodies."""
+"""Teleon's queue exchange, as its documentation writes it: a client written
+from that text sends exactly these bodies."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ TELEON_CLAIM = """{
   "worker": "w_31",
   "max_tasks": 1
 }"""
-"""``POST /v1/claim``, as the description shows it."""
+"""``POST /v1/claim``, as that documentation shows it."""
 
 TELEON_CLAIMED = """{
   "task_id": "t_5521",
@@ -18,7 +18,7 @@ TELEON_CLAIMED = """{
   "lease_expires_in_s": 600,
   "row": {"query": "openapi to mcp server"}
 }"""
-"""Its response, as the description shows it."""
+"""Its response, as that documentation shows it."""
 
 TELEON_SUBMIT = '{"task_id": "t_5521", "fencing_token": 1180, "result": {"hits": ["t_88", "t_91"]}}'
 """``POST /v1/submit``: "a result with its fencing token"."""

@@ -1,6 +1,6 @@
-"""The descriptions batonq was built from, taken at their word over HTTP:
-Teleon's claim and submit bodies byte for byte, writes by fencing token from
-the key that claimed, Pigeonhole's argument names, and the writes a late
+"""Clients written for Teleon's and Pigeonhole's queues work unchanged over
+HTTP: Teleon's claim and submit bodies byte for byte, writes by fencing token
+from the key that claimed, Pigeonhole's argument names, and the writes a late
 worker had refused, readable without SQL."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def worker(server: LiveServer, http: httpx.Client) -> httpx.Client:
 
 
 def test_teleon_claims_and_submits_word_for_word(server: LiveServer, http: httpx.Client, sql: Sql) -> None:
-    # The ids of the description's example: the next task is t_5521, the next token 1180.
+    # The ids of the documented example: the next task is t_5521, the next token 1180.
     sql.execute("SELECT setval('batonq.task_id_seq', 5520), setval('batonq.fencing_seq', 1179)")
     assert http.patch("/v1/queues/aq17_hybrid_search", json={"lease_s": 600}).status_code == 200
     assert enqueue(http, "aq17_hybrid_search", {"query": "openapi to mcp server"}) == "t_5521"
@@ -40,7 +40,7 @@ def test_teleon_claims_and_submits_word_for_word(server: LiveServer, http: httpx
     with worker(server, http) as w31:
         claimed = w31.post("/v1/claim", content=TELEON_CLAIM, headers=JSON_BODY)
         assert claimed.status_code == 200, claimed.text
-        # The description's response, byte for byte, then batonq's own fields.
+        # The documented response, byte for byte, then batonq's own fields.
         assert claimed.content.startswith(compact(TELEON_CLAIMED)[:-1] + b","), claimed.text
         body = claimed.json()
         assert list(body)[:4] == ["task_id", "fencing_token", "lease_expires_in_s", "row"]

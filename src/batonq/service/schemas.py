@@ -51,11 +51,6 @@ def _between(low: float, high: float) -> WrapValidator:
     return WrapValidator(check)
 
 
-def _also(name: str, alias: str) -> AliasChoices:
-    """A field taken under its name or an alias (the seeds' spelling)."""
-    return AliasChoices(name, alias)
-
-
 MAX_ID = 2**53
 """The largest id taken as a JSON number (beyond it a double cannot hold it);
 the string forms take any."""
@@ -119,7 +114,9 @@ class EnqueueIn(Strict):
     )
     priority: Priority = Field(0, description="higher first")
     delay_s: DelayS = Field(
-        0, validation_alias=_also("delay_s", "delay_seconds"), description="claimable only this much later"
+        0,
+        validation_alias=AliasChoices("delay_s", "delay_seconds"),
+        description="claimable only this much later",
     )
     max_attempts: Attempts | None = None
     held: bool = Field(False, description="enqueue held: not claimable until released")
@@ -155,10 +152,14 @@ class ClaimIn(Strict):
         None, description="up to this many tasks, answered as a list; omitted or 1: one task, answered alone"
     )
     lease_s: LeaseS | None = Field(
-        None, validation_alias=_also("lease_s", "lease_seconds"), description="default: the queue's (300)"
+        None,
+        validation_alias=AliasChoices("lease_s", "lease_seconds"),
+        description="default: the queue's (300)",
     )
     wait_s: WaitS = Field(
-        0, validation_alias=_also("wait_s", "wait_seconds"), description="long-poll an empty queue this long"
+        0,
+        validation_alias=AliasChoices("wait_s", "wait_seconds"),
+        description="long-poll an empty queue this long",
     )
 
 
@@ -237,7 +238,7 @@ LeaseRef = ByToken | ByFence
 
 
 class _Heartbeat(Strict):
-    lease_s: LeaseS | None = Field(None, validation_alias=_also("lease_s", "lease_seconds"))
+    lease_s: LeaseS | None = Field(None, validation_alias=AliasChoices("lease_s", "lease_seconds"))
     stage: str | None = Field(None, max_length=1000)
 
 
@@ -263,7 +264,9 @@ class SubmitByFence(ByFence, _Submit):
 
 class _Fail(Strict):
     error: Any = None
-    retry_delay_s: DelayS | None = Field(None, validation_alias=_also("retry_delay_s", "retry_delay_seconds"))
+    retry_delay_s: DelayS | None = Field(
+        None, validation_alias=AliasChoices("retry_delay_s", "retry_delay_seconds")
+    )
     requeue: bool = True
 
 
@@ -460,7 +463,7 @@ class QueuesOut(BaseModel):
 
 
 class QueueSettingsIn(Strict):
-    lease_s: LeaseS | None = Field(None, validation_alias=_also("lease_s", "lease_seconds"))
+    lease_s: LeaseS | None = Field(None, validation_alias=AliasChoices("lease_s", "lease_seconds"))
     max_attempts: Attempts | None = None
     backoff_base_s: DelayS | None = None
     backoff_max_s: DelayS | None = None
@@ -492,7 +495,7 @@ class EdgeIn(Strict):
     join: bool = False
     partial: bool = False
     priority: Priority | None = None
-    delay_s: DelayS = Field(0, validation_alias=_also("delay_s", "delay_seconds"))
+    delay_s: DelayS = Field(0, validation_alias=AliasChoices("delay_s", "delay_seconds"))
 
 
 class EdgeOut(BaseModel):
