@@ -166,7 +166,9 @@ def http_worker(http: httpx.Client, batch: int, each: bool) -> Callable[[], int]
         while True:
             claimed = http.post("/v1/claim", json={"queue": QUEUE, "max_tasks": batch})
             claimed.raise_for_status()
-            tasks = claimed.json()["tasks"]
+            body = claimed.json()
+            # A one-task claim answers the task itself (task_id null: none).
+            tasks = body["tasks"] if batch > 1 else [body] if body["task_id"] is not None else []
             if not tasks:
                 return total
             if each:

@@ -26,4 +26,4 @@ def send_welcome(job: batonq.Job) -> dict[str, str]:
 if __name__ == "__main__":
     with batonq.connect() as client:
         for to in ["ada@example.com", "grace@example.com", "nobody"]:
-            client.enqueue("emails", {"to": to}, key=f"welcome:{to}")
+            client.enqueue("emails", {"to": to}, idempotency_key=f"welcome:{to}")

@@ -5,7 +5,7 @@ Usage::
     import batonq
 
     with batonq.connect() as client:
-        client.enqueue("shop:tasks", {"order": 17}, key="order-17")
+        client.enqueue("shop:tasks", {"order": 17}, idempotency_key="order-17")
         for lease in client.claim("shop:tasks", wait_s=5):
             client.complete(lease.lease_token, {"shipped": True})
 """
@@ -32,7 +32,17 @@ from batonq.errors import (
     TaskNotFound,
 )
 from batonq.migrate import migrate
-from batonq.models import Edge, Enqueued, Lease, QueueConfig, QueueStats, RunStatus, Submitted, Task
+from batonq.models import (
+    Edge,
+    Enqueued,
+    Lease,
+    QueueConfig,
+    QueueStats,
+    RunStatus,
+    SetAsideWrite,
+    Submitted,
+    Task,
+)
 from batonq.sweeper import Sweeper
 from batonq.worker import App, AsyncJob, BaseJob, Job, Middleware, Outcome, Worker
 
@@ -68,6 +78,7 @@ __all__ = [
     "Retry",
     "RunStatus",
     "SchemaMissing",
+    "SetAsideWrite",
     "Submitted",
     "Sweeper",
     "Task",

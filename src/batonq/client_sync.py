@@ -33,6 +33,7 @@ from batonq.models import (
     QueueConfig,
     QueueStats,
     RunStatus,
+    SetAsideWrite,
     Submitted,
     Task,
 )
@@ -170,18 +171,19 @@ class Client:
         priority: int = 0,
         delay_s: float = 0.0,
         max_attempts: int | None = None,
-        key: str | None = None,
+        idempotency_key: str | None = None,
         held: bool = False,
-        parent_id: int | str | None = None,
+        parent: int | str | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> Enqueued:
-        """Enqueue one task; with ``key``, at most one task per key and queue.
+        """Enqueue one task; with ``idempotency_key``, at most one task per
+        key and queue. ``parent`` (``5521`` or ``"t_5521"``) links the lineage.
 
         ``conn`` joins your transaction: the task exists only if it commits.
         """
         call = operations.enqueue(
             queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
-            key=key, held=held, parent_id=parent_id,
+            idempotency_key=idempotency_key, held=held, parent=parent,
         )  # fmt: skip
         return self._run(call, conn)
 
@@ -190,18 +192,18 @@ class Client:
         queue: str,
         payloads: Sequence[JSON],
         *,
-        keys: Sequence[str | None] | None = None,
+        idempotency_keys: Sequence[str | None] | None = None,
         priorities: Sequence[int] | None = None,
         delays_s: Sequence[float] | None = None,
         max_attempts: int | None = None,
         held: bool = False,
-        parent_id: int | str | None = None,
+        parent: int | str | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> list[Enqueued]:
         """Enqueue many tasks in one round trip; one answer per payload, in order."""
         call = operations.enqueue_many(
-            queue, payloads, keys=keys, priorities=priorities, delays_s=delays_s,
-            max_attempts=max_attempts, held=held, parent_id=parent_id,
+            queue, payloads, idempotency_keys=idempotency_keys, priorities=priorities,
+            delays_s=delays_s, max_attempts=max_attempts, held=held, parent=parent,
         )  # fmt: skip
         return self._run(call, conn)
 
@@ -213,15 +215,17 @@ class Client:
         lease_s: int | None = None,
         wait_s: float = 0.0,
         worker: str | None = None,
+        key_id: int | None = None,
     ) -> list[Lease]:
         """Claim up to ``max_tasks`` tasks, each under a new lease.
 
         With ``wait_s`` (up to 55) an empty queue is waited on, and the claim
-        returns as soon as a task arrives; ``[]`` when none did.
+        returns as soon as a task arrives; ``[]`` when none did. ``key_id``
+        records the API key asking (a service's), for ``lease_tokens_for_key``.
         """
         wait_s = operations.check_wait(wait_s)
         call = operations.claim(
-            queue, worker=worker or self.worker_name, max_tasks=max_tasks, lease_s=lease_s
+            queue, worker=worker or self.worker_name, max_tasks=max_tasks, lease_s=lease_s, key_id=key_id
         )
         if wait_s == 0:
             return self._run(call)
@@ -265,6 +269,18 @@ class Client:
         calls this, since a server that restarted or failed over has lost
         the registrations (they live in an unlogged table)."""
         self._awaited.clear()
+
+    def lease_tokens_for_key(
+        self, leases: Sequence[tuple[int | str, int]], key_id: int
+    ) -> list[str]:
+        """The lease tokens of leases named by ``(task id, fencing token)``,
+        for the API key ``key_id`` that claimed them (a service checked it).
+
+        A lease that key did not claim, or no longer the task's, gets a token
+        that every write refuses as it refuses a forged one. Raises
+        ``TaskNotFound`` for an unknown task.
+        """
+        return self._run(operations.lease_tokens_for_key(leases, key_id))
 
     def heartbeat(
         self, lease_token: str, *, lease_s: int | None = None, stage: str | None = None
@@ -318,6 +334,11 @@ class Client:
     def task(self, task_id: int | str) -> Task:
         """One task by id (``5521`` or ``"t_5521"``), hot or archived."""
         return self._run(operations.task(task_id))
+
+    def set_aside_writes(self, task_ids: Sequence[int | str]) -> list[SetAsideWrite]:
+        """The refused writes (late or forged) set aside for these tasks,
+        oldest first per task, with who held the lease each one named."""
+        return self._run(operations.set_aside_writes(task_ids))
 
     def tasks(
         self,

@@ -17,6 +17,7 @@ __all__ = [
     "QueueConfig",
     "QueueStats",
     "RunStatus",
+    "SetAsideWrite",
     "Submitted",
     "Task",
 ]
@@ -44,7 +45,9 @@ class Enqueued:
 # 8x the cost (1.3 against 0.16 us for Lease's 15 fields).
 @dataclass(slots=True)
 class Lease:
-    """A claimed task. Present ``lease_token`` with every write about it."""
+    """A claimed task: ``row`` is its input (the payload it was enqueued
+    with), the rest says about the lease and the task. Present
+    ``lease_token`` with every write about it."""
 
     task_id: int
     queue: str
@@ -55,7 +58,7 @@ class Lease:
     attempt: int
     max_attempts: int
     priority: int
-    payload: JSON
+    row: JSON
     idempotency_key: str | None
     parent_id: int | None
     root_id: int
@@ -116,6 +119,22 @@ class Task:
     errors: list[dict[str, Any]]
     result: JSON
     finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class SetAsideWrite:
+    """A write about a task that was refused and set aside: its ``kind``
+    (complete, fail, heartbeat, release), the ``fencing_token`` it presented,
+    when, the task's ``state`` then, and who held the lease that token names
+    (``worker`` and the claiming API key's ``key_id``; None when unknown)."""
+
+    task_id: int
+    kind: str
+    fencing_token: int
+    at: datetime
+    state: str
+    worker: str | None
+    key_id: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from batonq.models import (
     QueueConfig,
     QueueStats,
     RunStatus,
+    SetAsideWrite,
     Submitted,
     Task,
 )
@@ -151,9 +152,9 @@ def enqueue(
     priority: int = 0,
     delay_s: float = 0.0,
     max_attempts: int | None = None,
-    key: str | None = None,
+    idempotency_key: str | None = None,
     held: bool = False,
-    parent_id: int | str | None = None,
+    parent: int | str | None = None,
 ) -> Call[Enqueued]:
     return Call(
         "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)",
@@ -163,9 +164,9 @@ def enqueue(
             priority,
             float(delay_s),
             max_attempts,
-            key,
+            idempotency_key,
             held,
-            None if parent_id is None else task_id(parent_id),
+            None if parent is None else task_id(parent),
         ),
         _one(Enqueued),
     )
@@ -175,12 +176,12 @@ def enqueue_many(
     queue: str,
     payloads: Sequence[JSON],
     *,
-    keys: Sequence[str | None] | None = None,
+    idempotency_keys: Sequence[str | None] | None = None,
     priorities: Sequence[int] | None = None,
     delays_s: Sequence[float] | None = None,
     max_attempts: int | None = None,
     held: bool = False,
-    parent_id: int | str | None = None,
+    parent: int | str | None = None,
 ) -> Call[list[Enqueued]]:
     return Call(
         "SELECT task_id, queue, created, state, run_at"
@@ -189,12 +190,12 @@ def enqueue_many(
         (
             queue,
             [_json(p) for p in payloads],
-            None if keys is None else list(keys),
+            None if idempotency_keys is None else list(idempotency_keys),
             None if priorities is None else list(priorities),
             None if delays_s is None else [float(d) for d in delays_s],
             max_attempts,
             held,
-            None if parent_id is None else task_id(parent_id),
+            None if parent is None else task_id(parent),
         ),
         _all(Enqueued),
     )
@@ -206,11 +207,22 @@ def claim(
     worker: str | None = None,
     max_tasks: int = 1,
     lease_s: int | None = None,
+    key_id: int | None = None,
 ) -> Call[list[Lease]]:
     return Call(
-        "SELECT * FROM batonq.claim(%s, %s, %s, %s)",
-        (queue, worker, max_tasks, lease_s),
+        "SELECT * FROM batonq.claim(%s, %s, %s, %s, %s)",
+        (queue, worker, max_tasks, lease_s, key_id),
         _all(Lease),
+    )
+
+
+def lease_tokens_for_key(leases: Sequence[tuple[int | str, int]], key_id: int) -> Call[list[str]]:
+    """One lease token per ``(task id, fencing token)``, in order."""
+    return Call(
+        "SELECT batonq.lease_token_for_key(u.id, u.fence, %s)"
+        " FROM unnest(%s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(id, fence, ord) ORDER BY u.ord",
+        (key_id, [task_id(t) for t, _ in leases], [fence for _, fence in leases]),
+        lambda rows: [row[0] for row in rows],
     )
 
 
@@ -271,6 +283,14 @@ def release_lease(lease_token: str) -> Call[Submitted]:
 
 def task(id: int | str) -> Call[Task]:
     return Call("SELECT * FROM batonq.get_task(%s)", (task_id(id),), _one(Task))
+
+
+def set_aside_writes(task_ids: Sequence[int | str]) -> Call[list[SetAsideWrite]]:
+    return Call(
+        "SELECT * FROM batonq.set_aside_writes(%s::bigint[])",
+        ([task_id(t) for t in task_ids],),
+        _all(SetAsideWrite),
+    )
 
 
 def tasks(

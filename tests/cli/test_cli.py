@@ -129,13 +129,13 @@ def test_claim_prints_leases_and_exits_3_when_empty(run: Run) -> None:
     result = run("claim", Q, "--max-tasks", "2", "--lease", "60", "--worker", "w1")
     assert result.exit_code == 0
     leases = lines(result)
-    assert [lease["payload"] for lease in leases] == [{"n": 0}, {"n": 1}]
+    assert [lease["row"] for lease in leases] == [{"n": 0}, {"n": 1}]
     for lease in leases:
         assert lease["task_id"].startswith("t_") and lease["lease_token"]
         assert lease["attempt"] == 1 and lease["fencing_token"] > 0
         assert 0 < lease["lease_expires_in_s"] <= 60
     waited = run("claim", Q, "--wait", "0.2")
-    assert waited.exit_code == 0 and lines(waited)[0]["payload"] == {"n": 2}
+    assert waited.exit_code == 0 and lines(waited)[0]["row"] == {"n": 2}
 
 
 def test_complete_heartbeat_and_lease_lost(run: Run, admin: batonq.Client) -> None:
@@ -370,7 +370,7 @@ def test_json_from_stdin_and_dsn_option(admin_dsn: str) -> None:
     result = runner.invoke(main, ["--dsn", admin_dsn, "enqueue", Q, "-"], input='{"from": "stdin"}')
     assert result.exit_code == 0
     lease = json.loads(runner.invoke(main, ["--dsn", admin_dsn, "claim", Q]).stdout)
-    assert lease["payload"] == {"from": "stdin"}
+    assert lease["row"] == {"from": "stdin"}
 
 
 def test_a_refused_statement_is_an_error_not_unreachable(dsn: str) -> None:

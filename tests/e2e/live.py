@@ -169,10 +169,16 @@ def enqueue(http: httpx.Client, queue: str, payload: Any = None, **fields: Any) 
 
 
 def claim(http: httpx.Client, queue: str, **fields: Any) -> list[dict[str, Any]]:
+    """The tasks claimed: a list for ``max_tasks`` over 1, else the one task
+    the answer is (none when its ``task_id`` is null)."""
     response = http.post("/v1/claim", json={"queue": queue, **fields})
     assert response.status_code == 200, response.text
-    tasks: list[dict[str, Any]] = response.json()["tasks"]
-    return tasks
+    body = response.json()
+    if fields.get("max_tasks", 1) > 1:
+        tasks: list[dict[str, Any]] = body["tasks"]
+        return tasks
+    assert "tasks" not in body, body
+    return [body] if body["task_id"] is not None else []
 
 
 def claim_one(http: httpx.Client, queue: str, **fields: Any) -> dict[str, Any]:

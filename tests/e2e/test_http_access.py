@@ -158,7 +158,7 @@ def test_a_key_scoped_to_shop_cannot_touch_mail(shared_server: LiveServer, share
     _, key = new_key(shared_http, WORKER, ["shop:*"])
     with shared_server.http(key) as shop:
         assert shop.post("/v1/enqueue", json={"queue": "shop:scoped", "payload": 2}).status_code == 200
-        assert claim_one(shop, "shop:scoped")["row"]["queue"] == "shop:scoped"
+        assert claim_one(shop, "shop:scoped")["queue"] == "shop:scoped"
 
         problem(shop.post("/v1/enqueue", json={"queue": "mail:outbox", "payload": 1}), 403, "forbidden")
         problem(shop.post("/v1/claim", json={"queue": "mail:outbox"}), 403, "forbidden")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.live import LiveServer
+from tests.e2e.seeds import TELEON_CLAIM, TELEON_CLAIMED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "http.md"
 BLOCK = re.compile(r"^```sh\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -85,3 +86,15 @@ def test_the_examples_in_http_md_run(serve: Any, admin_dsn: str, tmp_path: Path)
             if isinstance(document, dict) and isinstance(document.get("error"), dict):
                 code = document["error"]["code"]
                 assert re.search(rf"#.*\b{code}\b", block), f"unexpected error {code}: {where}"
+
+    # The one-task exchange, with the very claim body a client of that form sends.
+    [number] = [n for n, block in enumerate(blocks) if f"-d '{TELEON_CLAIM}'" in block]
+    [claimed] = json_documents((tmp_path / f"{number}.out").read_text())
+    expected = json.loads(TELEON_CLAIMED)
+    assert list(claimed)[:4] == list(expected)
+    for field in ("lease_expires_in_s", "row"):
+        assert claimed[field] == expected[field], field
+    assert re.fullmatch(r"t_[0-9]+", claimed["task_id"]) and isinstance(claimed["fencing_token"], int)
+    [submitted] = json_documents((tmp_path / f"{number + 1}.out").read_text())
+    assert submitted == {"task_id": claimed["task_id"], "state": "done", "replayed": False,
+                         "fencing_token": claimed["fencing_token"]}  # fmt: skip

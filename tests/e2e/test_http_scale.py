@@ -31,7 +31,7 @@ def work(server: LiveServer, key: str, name: str, done: list[str], failures: lis
                 if not tasks:
                     return
                 for task in tasks:
-                    result = {"n": task["row"]["payload"]["n"], "by": name}
+                    result = {"n": task["row"]["n"], "by": name}
                     answer = http.post(
                         "/v1/submit", json={"lease_token": task["lease_token"], "result": result}
                     )

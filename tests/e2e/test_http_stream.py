@@ -94,9 +94,11 @@ def test_claim_true_hands_each_task_to_exactly_one_of_4_subscribers(
                         # The work: a heartbeat, then the result.
                         token = task["lease_token"]
                         assert worker.post("/v1/heartbeat", json={"lease_token": token}).status_code == 200
-                        done = worker.post(
-                            "/v1/submit", json={"lease_token": token, "result": task["row"]["payload"]}
-                        )
+                        # By task and fencing token: the stream claimed it for this key.
+                        done = worker.post("/v1/submit", json={
+                            "task_id": task["task_id"], "fencing_token": task["fencing_token"],
+                            "result": task["row"],
+                        })  # fmt: skip
                         assert done.status_code == 200 and not done.json()["replayed"], done.text
                     if stop.is_set():
                         return

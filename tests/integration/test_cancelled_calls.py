@@ -17,7 +17,7 @@ CALLS = 30
 
 async def test_a_cancelled_caller_does_not_cut_its_call_short(aclient: batonq.AsyncClient) -> None:
     for i in range(CALLS):
-        call = asyncio.create_task(aclient.enqueue(Q, {"i": i}, key=f"k{i}"))
+        call = asyncio.create_task(aclient.enqueue(Q, {"i": i}, idempotency_key=f"k{i}"))
         for _ in range(3):  # far enough for the query to be on its way
             await asyncio.sleep(0)
         call.cancel()

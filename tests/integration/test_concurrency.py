@@ -116,7 +116,7 @@ def test_same_key_from_eight_connections_makes_one_task(
 ) -> None:
     for round_ in range(5):
         key = f"shard-{round_:02d}"
-        answers = _race(eight_clients, lambda c, i: c.enqueue(Q, {"from": i}, key=key))  # noqa: B023
+        answers = _race(eight_clients, lambda c, i: c.enqueue(Q, {"from": i}, idempotency_key=key))  # noqa: B023
         assert sum(a.created for a in answers) == 1
         [task_id] = {a.task_id for a in answers}
         assert {a.state for a in answers} == {"pending"}
@@ -136,7 +136,7 @@ def test_same_keys_through_enqueue_many_from_eight_connections(
         def batch(c: batonq.Client, i: int) -> list[batonq.Enqueued]:
             # Each connection sends the keys in its own order, one key twice.
             mine = [*orders[i], orders[i][0]]  # noqa: B023
-            return c.enqueue_many(f"q{round_}", [{"key": k, "from": i} for k in mine], keys=mine)  # noqa: B023
+            return c.enqueue_many(f"q{round_}", [{"key": k, "from": i} for k in mine], idempotency_keys=mine)  # noqa: B023
 
         answers = _race(eight_clients, batch)
         by_key: dict[str, set[int]] = {}

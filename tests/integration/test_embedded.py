@@ -17,7 +17,7 @@ pytestmark = pytest.mark.smoke
 SCRIPT = """
 import batonq
 with batonq.connect() as client:
-    first = client.enqueue("hello", {"n": 1}, key="k")
+    first = client.enqueue("hello", {"n": 1}, idempotency_key="k")
     [lease] = client.claim("hello")
     client.complete(lease.lease_token, {"ok": True})
     print(first.task_id, client.task(first.task_id).state, client.dsn.startswith("postgresql://"))
@@ -35,7 +35,8 @@ def test_embedded_default_runs_and_keeps_data(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import batonq\nwith batonq.connect() as c: print(c.enqueue('hello', 2, key='k').created)",
+            "import batonq\n"
+            "with batonq.connect() as c: print(c.enqueue('hello', 2, idempotency_key='k').created)",
         ],
         env=env,
         capture_output=True,

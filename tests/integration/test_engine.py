@@ -21,7 +21,7 @@ def test_enqueue_claim_complete_roundtrip(client: batonq.Client) -> None:
 
     [lease] = client.claim(Q, lease_s=30)
     assert lease.task_id == enq.task_id
-    assert lease.payload == {"order": 17}
+    assert lease.row == {"order": 17}
     assert lease.attempt == 1
     assert 29 <= lease.lease_expires_in_s <= 30
     assert lease.lease_token not in repr(lease)
@@ -109,36 +109,36 @@ def test_repeated_fail_is_replayed(client: batonq.Client) -> None:
 def test_complete_many(client: batonq.Client, sql: psycopg.Connection[Any]) -> None:
     client.enqueue_many(Q, list(range(10)))
     leases = client.claim(Q, max_tasks=10, lease_s=60)
-    first = client.complete_many([(lease.lease_token, lease.payload * 2) for lease in leases[:5]])
+    first = client.complete_many([(lease.lease_token, lease.row * 2) for lease in leases[:5]])
     assert [r.outcome for r in first] == ["accepted"] * 5
     stale = leases[5]
     age(sql, 61)
     [newer] = client.claim(Q, max_tasks=1)
-    mixed = client.complete_many([(lease.lease_token, lease.payload * 2) for lease in leases[:8]])
+    mixed = client.complete_many([(lease.lease_token, lease.row * 2) for lease in leases[:8]])
     outcomes = {r.task_id: r.outcome for r in mixed}
     assert [outcomes[lease.task_id] for lease in leases[:5]] == ["replayed"] * 5
     assert outcomes[stale.task_id] == ("lease_lost" if newer.task_id == stale.task_id else "accepted")
     assert [r.task_id for r in mixed] == [lease.task_id for lease in leases[:8]]
-    assert client.task(leases[0].task_id).result == leases[0].payload * 2
+    assert client.task(leases[0].task_id).result == leases[0].row * 2
 
 
 def test_idempotent_enqueue(client: batonq.Client) -> None:
-    a = client.enqueue(Q, {"v": 1}, key="shard-07")
-    b = client.enqueue(Q, {"v": 2}, key="shard-07")
+    a = client.enqueue(Q, {"v": 1}, idempotency_key="shard-07")
+    b = client.enqueue(Q, {"v": 2}, idempotency_key="shard-07")
     assert a.created and not b.created and a.task_id == b.task_id
     assert client.task(a.task_id).payload == {"v": 1}
-    many = client.enqueue_many(Q, [1, 2, 3, 4], keys=["shard-07", "x", "x", None])
+    many = client.enqueue_many(Q, [1, 2, 3, 4], idempotency_keys=["shard-07", "x", "x", None])
     assert [e.created for e in many] == [False, True, False, True]
     assert many[0].task_id == a.task_id and many[1].task_id == many[2].task_id
-    other = client.enqueue("mail:tasks", 1, key="shard-07")
+    other = client.enqueue("mail:tasks", 1, idempotency_key="shard-07")
     assert other.created and other.task_id != a.task_id
 
 
 def test_key_kept_after_the_task_finishes(client: batonq.Client) -> None:
-    a = client.enqueue(Q, 1, key="once")
+    a = client.enqueue(Q, 1, idempotency_key="once")
     [lease] = client.claim(Q)
     client.complete(lease.lease_token, None)
-    b = client.enqueue(Q, 1, key="once")
+    b = client.enqueue(Q, 1, idempotency_key="once")
     assert (b.created, b.task_id, b.state) == (False, a.task_id, "done")
 
 
@@ -157,7 +157,7 @@ def test_delay(client: batonq.Client, sql: psycopg.Connection[Any]) -> None:
     assert (stats.pending, stats.scheduled) == (0, 1)
     age(sql, 31)
     [lease] = client.claim(Q)
-    assert lease.payload == "later"
+    assert lease.row == "later"
 
 
 def test_fail_with_backoff_then_dead(

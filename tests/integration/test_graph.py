@@ -17,7 +17,7 @@ def drain(client: batonq.Client, queue: str, handler: Any, *, batch: int = 50) -
     """Claim and complete everything in ``queue``; returns how many."""
     n = 0
     while leases := client.claim(queue, max_tasks=batch):
-        client.complete_many([(lease.lease_token, handler(lease.payload)) for lease in leases])
+        client.complete_many([(lease.lease_token, handler(lease.row)) for lease in leases])
         n += len(leases)
     return n
 
@@ -29,7 +29,7 @@ def test_three_step_pipeline_exactly_once(
     admin.add_edge("rank", "summarise")
     runs = 500
     roots = client.enqueue_many(
-        "retrieve", [{"q": i} for i in range(runs)], keys=[f"run-{i}" for i in range(runs)]
+        "retrieve", [{"q": i} for i in range(runs)], idempotency_keys=[f"run-{i}" for i in range(runs)]
     )
     rng = random.Random(7)
     died: set[int] = set()
@@ -41,7 +41,7 @@ def test_three_step_pipeline_exactly_once(
             dying = [lease for lease in leases if lease.task_id not in died and rng.random() < 0.2]
             died.update(lease.task_id for lease in dying)
             living = [lease for lease in leases if lease not in dying]
-            items = [(lease.lease_token, handler(lease.payload)) for lease in living]
+            items = [(lease.lease_token, handler(lease.row)) for lease in living]
             # Every completion is sent twice: once in a batch, once alone.
             client.complete_many(items)
             for token, result in items:
@@ -78,18 +78,18 @@ def test_fan_out_into_join_fires_once_in_order(admin: batonq.Client, client: bat
     assert waiting.state == "waiting" and waiting.parent_id == root.task_id
     # Complete the elements out of order, in several transactions.
     leases = client.claim("work", max_tasks=100)
-    assert sorted(lease.payload for lease in leases) == list(range(100))
+    assert sorted(lease.row for lease in leases) == list(range(100))
     random.Random(1).shuffle(leases)
     for chunk in range(0, 100, 30):
         part = leases[chunk : chunk + 30]
-        client.complete_many([(lease.lease_token, lease.payload * 10) for lease in part])
+        client.complete_many([(lease.lease_token, lease.row * 10) for lease in part])
         if chunk + 30 < 100:
             assert client.task(waiting.id).state == "waiting"
     [joined] = client.claim("gather")
     assert joined.task_id == waiting.id
-    assert joined.payload == [i * 10 for i in range(100)]
+    assert joined.row == [i * 10 for i in range(100)]
     assert client.claim("gather") == []
-    client.complete(joined.lease_token, {"sum": sum(joined.payload)})
+    client.complete(joined.lease_token, {"sum": sum(joined.row)})
     status = client.run_status(root.task_id)
     assert (status.status, status.tasks, status.done) == ("done", 102, 102)
 
@@ -100,7 +100,7 @@ def test_dead_element_kills_the_join(admin: batonq.Client, client: batonq.Client
     root = client.enqueue("split", None)
     [lease] = client.claim("split")
     client.complete(lease.lease_token, [1, 2, 3])
-    leases = {lease.payload: lease for lease in client.claim("work", max_tasks=3)}
+    leases = {lease.row: lease for lease in client.claim("work", max_tasks=3)}
     client.complete(leases[1].lease_token, "one")
     client.fail(leases[2].lease_token, "element two broke", requeue=False)
     client.complete(leases[3].lease_token, "three")
@@ -119,11 +119,11 @@ def test_partial_join_passes_nulls(admin: batonq.Client, client: batonq.Client) 
     client.enqueue("split", None)
     [lease] = client.claim("split")
     client.complete(lease.lease_token, {"xs": ["a", "b"]})
-    a, b = sorted(client.claim("work", max_tasks=2), key=lambda lease: lease.payload)
+    a, b = sorted(client.claim("work", max_tasks=2), key=lambda lease: lease.row)
     client.fail(b.lease_token, "nope", requeue=False)
     client.complete(a.lease_token, "A")
     [joined] = client.claim("gather")
-    assert joined.payload == ["A", None]
+    assert joined.row == ["A", None]
 
 
 def test_empty_fan_out_makes_a_ready_join(admin: batonq.Client, client: batonq.Client) -> None:
@@ -133,7 +133,7 @@ def test_empty_fan_out_makes_a_ready_join(admin: batonq.Client, client: batonq.C
     [lease] = client.claim("split")
     client.complete(lease.lease_token, {"xs": []})
     [joined] = client.claim("gather")
-    assert joined.payload == []
+    assert joined.row == []
 
 
 def test_when_routes_each_result_down_one_branch(admin: batonq.Client, client: batonq.Client) -> None:
@@ -145,8 +145,8 @@ def test_when_routes_each_result_down_one_branch(admin: batonq.Client, client: b
     leases = client.claim("classify", max_tasks=10)
     client.complete_many(
         [
-            (lease.lease_token, {"label": labels[lease.payload], "n": lease.payload}
-             | ({"doubt": 1} if lease.payload == 4 else {}))
+            (lease.lease_token, {"label": labels[lease.row], "n": lease.row}
+             | ({"doubt": 1} if lease.row == 4 else {}))
             for lease in leases
         ]
     )  # fmt: skip
@@ -179,7 +179,7 @@ def test_removing_an_edge_stops_new_batons_only(admin: batonq.Client, client: ba
     client.complete(second.lease_token, "y")
     [in_flight] = client.tasks("b")
     [lease] = client.claim("b")
-    assert lease.task_id == in_flight.id and lease.payload == "x"
+    assert lease.task_id == in_flight.id and lease.row == "x"
 
 
 def test_edge_priority_and_delay(
@@ -202,10 +202,10 @@ def test_lineage_with_fan_out_and_explicit_children(admin: batonq.Client, client
     admin.add_edge("plan", "step", fan_out="/steps")
     root = client.enqueue("plan", "do it")
     [lease] = client.claim("plan")
-    child = client.enqueue("notes", "explicit child", parent_id=lease.task_id)
+    child = client.enqueue("notes", "explicit child", parent=lease.task_id)
     client.complete(lease.lease_token, {"steps": ["s1", "s2"]})
     [step] = client.claim("step")
-    grandchild = client.enqueue("notes", "from a step", parent_id=f"t_{step.task_id}")
+    grandchild = client.enqueue("notes", "from a step", parent=f"t_{step.task_id}")
     tree = client.run_tasks(root.task_id)
     assert {t.id for t in tree} == {root.task_id, child.task_id, grandchild.task_id} | {
         t.id for t in client.tasks("step")
@@ -216,7 +216,7 @@ def test_lineage_with_fan_out_and_explicit_children(admin: batonq.Client, client
     assert all(t.root_id == root.task_id for t in tree)
     assert client.run_status(root.task_id).status == "running"
     with pytest.raises(batonq.TaskNotFound):
-        client.enqueue("notes", 1, parent_id=10**12)
+        client.enqueue("notes", 1, parent=10**12)
 
 
 @pytest.mark.parametrize("edge", ["plain", "fan_out", "join"])
@@ -231,7 +231,8 @@ def test_an_enqueue_cannot_take_a_batons_place(
     assert edge_id is not None
     parent = client.enqueue("hj-a", {"n": 1})
     for index in range(2):
-        forged = client.enqueue("hj-b", {"forged": True}, key=f"baton:{parent.task_id}:{edge_id[0]}:{index}")
+        forged_key = f"baton:{parent.task_id}:{edge_id[0]}:{index}"
+        forged = client.enqueue("hj-b", {"forged": True}, idempotency_key=forged_key)
         assert forged.created
     [lease] = client.claim("hj-a")
     result = {"items": [{"real": 0}, {"real": 1}]}

@@ -221,7 +221,7 @@ def test_worker_role_has_no_table_access(dsn: str, table: str) -> None:
 
 
 def test_worker_role_works_through_the_functions(client: batonq.Client, dsn: str) -> None:
-    enq = client.enqueue("roles:q", {"n": 1}, key="k")
+    enq = client.enqueue("roles:q", {"n": 1}, idempotency_key="k")
     [lease] = client.claim("roles:q", lease_s=30)
     client.heartbeat(lease.lease_token, stage="s")
     assert client.complete(lease.lease_token, {"ok": True}).outcome == "accepted"

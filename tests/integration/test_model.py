@@ -252,8 +252,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.serial += 1
         before = self.model.now()
         reply = self.client.enqueue(
-            Q, {"n": self.serial}, priority=priority, delay_s=delay_s, key=key, max_attempts=max_attempts
-        )
+            Q, {"n": self.serial}, priority=priority, delay_s=delay_s, idempotency_key=key,
+            max_attempts=max_attempts,
+        )  # fmt: skip
         after = self.model.now()
         if key is not None and key in self.model.keys:
             first = self.model.tasks[self.model.keys[key]]

@@ -37,7 +37,7 @@ def finish_days_ago(sql: psycopg.Connection[Any], task_id: int, days: int) -> No
 
 def done(client: batonq.Client, queue: str, key: str) -> int:
     """A finished task with a row in the submit ledger (a replayed complete)."""
-    task = client.enqueue(queue, {"k": key}, key=key)
+    task = client.enqueue(queue, {"k": key}, idempotency_key=key)
     [lease] = client.claim(queue)
     client.complete(lease.lease_token, "ok")
     assert client.complete(lease.lease_token, "ok").replayed
@@ -61,7 +61,7 @@ def test_retention_drops_old_days_and_keeps_the_rest(
     new_short = done(client, "short", "b")
     old_long = done(client, "long", "c")
     ancient = done(client, "long", "d")
-    live = client.enqueue("short", "still pending", key="e")
+    live = client.enqueue("short", "still pending", idempotency_key="e")
     finish_days_ago(sql, old_short, 3)
     finish_days_ago(sql, old_long, 3)
     finish_days_ago(sql, ancient, 40)
@@ -83,5 +83,5 @@ def test_retention_drops_old_days_and_keeps_the_rest(
     ledger = {t for (t,) in sql.execute("SELECT DISTINCT task_id FROM batonq.submits").fetchall()}
     assert ledger == {new_short, old_long}
     # A retained key still answers with its task; a dropped one is free again.
-    assert not client.enqueue("long", 1, key="c").created
-    assert client.enqueue("short", 1, key="a").created
+    assert not client.enqueue("long", 1, idempotency_key="c").created
+    assert client.enqueue("short", 1, idempotency_key="a").created

@@ -213,13 +213,13 @@ async def test_job_handle_stage_children_and_lineage(client: batonq.Client, dsn:
     @app.task("tree:sync")
     def parent_sync(job: batonq.Job) -> dict[str, Any]:
         job.set_stage("fanning out")
-        child = job.enqueue_child("tree:leaf", {"from": "sync"}, key=f"leaf-of-{job.id}")
+        child = job.enqueue_child("tree:leaf", {"from": "sync"}, idempotency_key=f"leaf-of-{job.id}")
         return {"child": child.task_id, "fencing_token": job.fencing_token}
 
     @app.task("tree:async")
     async def parent_async(job: batonq.AsyncJob) -> dict[str, Any]:
         await job.set_stage("fanning out")
-        child = await job.enqueue_child("tree:leaf", {"from": "async"}, key=f"leaf-of-{job.id}")
+        child = await job.enqueue_child("tree:leaf", {"from": "async"}, idempotency_key=f"leaf-of-{job.id}")
         return {"child": child.task_id, "fencing_token": job.fencing_token}
 
     @app.task("tree:leaf")

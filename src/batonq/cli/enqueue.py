@@ -100,7 +100,7 @@ def enqueue(
         with open_client(ctx) as client:
             reply = client.enqueue(
                 queue, payload_json, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
-                key=key, held=held, parent_id=parent_id,
+                idempotency_key=key, held=held, parent=parent_id,
             )  # fmt: skip
         if as_json:
             echo_json(reply)
@@ -180,10 +180,11 @@ def _import(
             for chunk in batches(lines, batch):
                 try:
                     replies = client.enqueue_many(
-                        queue, [line.payload for line in chunk], keys=[line.key for line in chunk],
+                        queue, [line.payload for line in chunk],
+                        idempotency_keys=[line.key for line in chunk],
                         priorities=[line.priority for line in chunk],
                         delays_s=[line.delay_s for line in chunk],
-                        max_attempts=max_attempts, held=held, parent_id=parent_id,
+                        max_attempts=max_attempts, held=held, parent=parent_id,
                     )  # fmt: skip
                 except BatonqError as error:
                     raise _batch_failure(error, chunk, tally, name, resumable) from error

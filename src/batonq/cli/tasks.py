@@ -10,8 +10,8 @@ import click
 
 import batonq
 from batonq.cli.common import TASK_ID, json_option, open_client
-from batonq.cli.output import age_since, echo_json, format_age, print_table, tid, truncate
-from batonq.models import JSON, TASK_STATES, Task
+from batonq.cli.output import age_since, echo_json, format_age, jsonable, print_table, tid, truncate
+from batonq.models import JSON, TASK_STATES, SetAsideWrite, Task
 
 __all__ = ["cancel", "hold", "release", "retry", "task", "tasks"]
 
@@ -92,7 +92,8 @@ def _details(t: Task) -> list[tuple[str, str]]:
 @json_option
 @click.pass_context
 def task(ctx: click.Context, task_id: int, as_json: bool) -> None:
-    """Show one task: state, lineage, payload, result and every attempt's error.
+    """Show one task: state, lineage, payload, result, every attempt's error
+    and the writes refused about it (set aside: late or forged).
 
     \b
     Example:
@@ -100,8 +101,9 @@ def task(ctx: click.Context, task_id: int, as_json: bool) -> None:
     """
     with open_client(ctx) as client:
         found = client.task(task_id)
+        set_aside = client.set_aside_writes([task_id])
     if as_json:
-        echo_json(found)
+        echo_json({**jsonable(found), "set_aside": [jsonable(w) for w in set_aside]})
         return
     click.echo(f"task {tid(found.id)}")
     for label, value in _details(found):
@@ -115,6 +117,20 @@ def task(ctx: click.Context, task_id: int, as_json: bool) -> None:
                 f"    attempt {entry.get('attempt')} (fencing token {entry.get('fencing_token')})"
                 f" at {entry.get('at')}: {text}"
             )
+    if set_aside:
+        click.echo("  set aside")
+        for write in set_aside:
+            click.echo(f"    {_set_aside_line(write)}")
+
+
+def _set_aside_line(w: SetAsideWrite) -> str:
+    """``complete (fencing token 3) at …: refused, the task was leased; lease held by w_30 (key 7)``."""
+    holder = " ".join(
+        part for part in (w.worker or "", f"(key {w.key_id})" if w.key_id is not None else "") if part
+    )
+    held = f"; lease held by {holder}" if holder else ""
+    when = w.at.isoformat(timespec="seconds")
+    return f"{w.kind} (fencing token {w.fencing_token}) at {when}: refused, the task was {w.state}{held}"
 
 
 def _operator_command(

@@ -25,7 +25,7 @@ from batonq.mcp.access import Access, access_of
 from batonq.models import Lease, Submitted
 from batonq.operations import task_ref
 from batonq.service.reads import visible_task
-from batonq.service.schemas import EnqueueOut, QueueStatsOut, State, TaskOut, tid
+from batonq.service.schemas import EnqueueOut, QueueStatsOut, SetAsideOut, State, TaskOut, tid
 
 __all__ = ["READ_TOOLS", "TOOLS", "ToolSpec"]
 
@@ -61,7 +61,7 @@ class ClaimedTask(BaseModel):
             task_id=task_ref(lease.task_id), queue=lease.queue, lease_token=lease.lease_token,
             fencing_token=lease.fencing_token, lease_expires_in_s=lease.lease_expires_in_s,
             lease_expires_at=lease.lease_expires_at, attempt=lease.attempt,
-            max_attempts=lease.max_attempts, priority=lease.priority, payload=lease.payload,
+            max_attempts=lease.max_attempts, priority=lease.priority, payload=lease.row,
             idempotency_key=lease.idempotency_key, parent_id=tid(lease.parent_id),
             root_id=task_ref(lease.root_id),
         )  # fmt: skip
@@ -94,6 +94,10 @@ class TasksOut(BaseModel):
         "whose run_at is still ahead. Null when the queue does not exist yet."
     )
     tasks: list[TaskOut] = Field(description="The newest tasks first.")
+    set_aside: list[SetAsideOut] = Field(
+        description="Writes refused about these tasks (a late complete from an older lease, ...): "
+        "kind, fencing token, when, and the worker that held that token's lease."
+    )
 
 
 class QueuesOut(BaseModel):
@@ -175,7 +179,7 @@ async def batonq_enqueue(
             await visible_task(access.client, access, parent)
         made = await access.client.enqueue(
             queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
-            key=idempotency_key, parent_id=parent,
+            idempotency_key=idempotency_key, parent=parent,
         )  # fmt: skip
     return EnqueueOut.of(made)
 
@@ -282,10 +286,12 @@ async def batonq_tasks(
     with _as_tool_errors():
         stats = await access.client.queues(queue)
         found = await access.client.tasks(queue, state=state, limit=limit)
+        set_aside = await access.client.set_aside_writes([t.id for t in found])
     return TasksOut(
         queue=queue,
         counts=QueueStatsOut.model_validate(stats[0], from_attributes=True) if stats else None,
         tasks=[TaskOut.of(t) for t in found],
+        set_aside=[SetAsideOut.of(w) for w in set_aside],
     )
 
 
@@ -377,7 +383,8 @@ TOOLS: dict[str, ToolSpec] = {
         title="Look at a queue's tasks",
         description=(
             "Counts per state of one queue (waiting, held, pending, scheduled, leased, done, dead, "
-            "cancelled) and its most recent tasks with payload, result, attempts and last_error. "
+            "cancelled) and its most recent tasks with payload, result, attempts and last_error, "
+            "and the writes refused about them (set_aside). "
             "Filter with state: 'done' for results, 'dead' for what ran out of attempts. Read-only."
         ),
         annotations=_hints(read_only=True),

@@ -103,6 +103,14 @@ def _relevant(error: RequestValidationError) -> list[dict[str, Any]]:
     return wanted or found
 
 
+def _problem(e: dict[str, Any]) -> Any:
+    """pydantic's message, without the "Value error, " it puts before our own."""
+    message = e.get("msg")
+    if e.get("type") == "value_error" and isinstance(message, str):
+        return message.removeprefix("Value error, ")
+    return message
+
+
 def _is_bad_queue_name(e: dict[str, Any]) -> bool:
     loc = e.get("loc", ())
     return e.get("type") == "string_pattern_mismatch" and bool(loc) and loc[-1] in _QUEUE_FIELDS
@@ -127,7 +135,7 @@ async def _invalid(_: Request, error: Exception) -> JSONResponse:
         if e.get("type") == "json_invalid":
             reason = (e.get("ctx") or {}).get("error", "")
             return JSONResponse(body("invalid_json", f"the body is not valid JSON: {reason}"), 400)
-    problems = [{"at": _where(tuple(e.get("loc", ()))), "problem": e.get("msg")} for e in found]
+    problems = [{"at": _where(tuple(e.get("loc", ()))), "problem": _problem(e)} for e in found]
     for e in found:
         if _is_bad_queue_name(e):
             name = e.get("input")
@@ -137,7 +145,9 @@ async def _invalid(_: Request, error: Exception) -> JSONResponse:
             )
             return JSONResponse(body("invalid_queue_name", message, queue=name, problems=problems), 400)
     first = problems[0] if problems else {"at": "", "problem": "invalid request"}
-    message = f"{first['at']}: {first['problem']}" if first["at"] else str(first["problem"])
+    # "lease_seconds must be between 1 and 3600 (got 7200)": a range reads as a sentence.
+    joint = " " if found and found[0].get("type") == "out_of_range" else ": "
+    message = f"{first['at']}{joint}{first['problem']}" if first["at"] else str(first["problem"])
     return JSONResponse(body("invalid_request", message, problems=problems), 422)
 
 

@@ -61,33 +61,45 @@ async def tasks(
     principal: Observer,
     queue: Annotated[str, Query(pattern=s.QUEUE_PATTERN)],
     state: s.State | None = None,
+    status: Annotated[s.State | None, Query(description="the same as state")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: Annotated[
         str | None, Query(pattern=s.TASK_ID_PATTERN, description="next_cursor of the previous page")
     ] = None,
 ) -> s.TaskListOut:
     principal.check_queue(queue)
+    if state is not None and status is not None:
+        raise InvalidArgument("give state or status, not both")
     before = None
     if cursor is not None:
         try:
             before = operations.task_id(cursor)
         except InvalidArgument as error:
             raise InvalidArgument(f"cursor: {error.message}") from None
-    found = await client_of(request).tasks(queue, state=state, limit=limit, before_id=before)
+    found = await client_of(request).tasks(queue, state=state or status, limit=limit, before_id=before)
     next_cursor = task_ref(found[-1].id) if len(found) == limit else None
     return s.TaskListOut(tasks=[s.TaskOut.of(t) for t in found], next_cursor=next_cursor)
 
 
-@router.get("/tasks/{task_id}", response_model=s.TaskDetailOut, summary="One task, with attempts and lineage")
+@router.get(
+    "/tasks/{task_id}",
+    response_model=s.TaskDetailOut,
+    summary="One task, with attempts, lineage and refused writes",
+)
 async def task(request: Request, task_id: TaskId, principal: Observer) -> s.TaskDetailOut:
+    """`set_aside` lists the writes refused about this task (a late submit
+    from an older lease, a forged token): kind, fencing token, when, and the
+    worker and key that held that token's lease."""
     client = client_of(request)
     found = await visible_task(client, principal, task_id)
     run = await client.run_status(found.root_id)
     lineage = await client.run_tasks(found.root_id)
+    set_aside = await client.set_aside_writes([found.id])
     return s.TaskDetailOut(
         **s.TaskOut.of(found).model_dump(),
         run=s.RunOut.of(run, principal.covers),
         lineage=[s.TaskOut.of(t) for t in lineage[:LINEAGE_LIMIT] if principal.covers(t.queue)],
+        set_aside=[s.SetAsideOut.of(w) for w in set_aside],
     )
 
 

@@ -6,7 +6,20 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from batonq import models
 from batonq.operations import task_ref
@@ -15,6 +28,27 @@ from batonq.operations import task_ref
 def _integral(value: Any) -> Any:
     """JSON Schema counts 177.0 as an integer; so does the API."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_BOUND_ERRORS = frozenset({"greater_than_equal", "less_than_equal", "greater_than", "less_than"})
+
+
+def _between(low: float, high: float) -> WrapValidator:
+    """A bound broken reads "must be between 1 and 3600 (got 7200)" (the
+    error handler puts the field's name, as sent, in front)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as error:
+            if error.errors()[0]["type"] not in _BOUND_ERRORS:
+                raise
+            raise PydanticCustomError(
+                "out_of_range", "must be between {low} and {high} (got {got})",
+                {"low": low, "high": high, "got": value},
+            ) from None  # fmt: skip
+
+    return WrapValidator(check)
 
 
 MAX_ID = 2**53
@@ -26,19 +60,22 @@ TASK_ID_PATTERN = r"^(t_)?[0-9]{1,18}$"
 # Integer fields of request bodies (strict otherwise). The bounds come before
 # the validator, or pydantic writes them into /openapi.json as unknown words.
 _Integral = BeforeValidator(_integral)
-TaskNumber = Annotated[int, Field(ge=0, le=MAX_ID), _Integral]
-LeaseS = Annotated[int, Field(ge=1, le=3600), _Integral]
-Attempts = Annotated[int, Field(ge=1, le=1000), _Integral]
-Priority = Annotated[int, Field(ge=-(2**31), lt=2**31), _Integral]
-MaxTasks = Annotated[int, Field(ge=1, le=1000), _Integral]
-RetentionS = Annotated[int, Field(ge=0, lt=2**31), _Integral]
-BodyBytes = Annotated[int, Field(ge=1, le=104857600), _Integral]
-Ring = Annotated[int, Field(ge=0, le=3), _Integral]
+TaskNumber = Annotated[int, Field(ge=0, le=MAX_ID), _Integral, _between(0, MAX_ID)]
+LeaseS = Annotated[int, Field(ge=1, le=3600), _Integral, _between(1, 3600)]
+Attempts = Annotated[int, Field(ge=1, le=1000), _Integral, _between(1, 1000)]
+Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1), _Integral, _between(-(2**31), 2**31 - 1)]
+MaxTasks = Annotated[int, Field(ge=1, le=1000), _Integral, _between(1, 1000)]
+RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
+BodyBytes = Annotated[int, Field(ge=1, le=104857600), _Integral, _between(1, 104857600)]
+Ring = Annotated[int, Field(ge=0, le=3), _Integral, _between(0, 3)]
 
 TaskRef = TaskNumber | Annotated[str, Field(pattern=TASK_ID_PATTERN)]
 """A task id, as ``t_5521`` or ``5521``."""
 MAX_DELAY_S = 315360000
 """Ten years: the longest delay or backoff the API takes."""
+DelayS = Annotated[float, Field(ge=0, le=MAX_DELAY_S), _between(0, MAX_DELAY_S)]
+WaitS = Annotated[float, Field(ge=0, le=55), _between(0, 55)]
+FencingToken = Annotated[int, Field(ge=1, le=MAX_ID), _Integral, _between(1, MAX_ID)]
 
 State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
 RunState = Literal["running", "done", "failed"]
@@ -52,9 +89,21 @@ def tid(value: int | None) -> str | None:
 
 class Strict(BaseModel):
     """A request body: unknown fields are refused, and so are values of the
-    wrong JSON type (``"paused": 0`` is not a boolean), as /openapi.json says."""
+    wrong JSON type (``"paused": 0`` is not a boolean), as /openapi.json says.
+    A field with an alias may be given under one of its names, not both."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for field in cls.model_fields.values():
+                if isinstance(field.validation_alias, AliasChoices):
+                    names = [str(n) for n in field.validation_alias.choices if n in data]
+                    if len(names) > 1:
+                        raise ValueError(f"give {' or '.join(names)}, not both")
+        return data
 
 
 class EnqueueIn(Strict):
@@ -64,7 +113,11 @@ class EnqueueIn(Strict):
         None, max_length=512, description="the same key in the same queue returns the existing task"
     )
     priority: Priority = Field(0, description="higher first")
-    delay_s: float = Field(0, ge=0, le=MAX_DELAY_S, description="claimable only this much later")
+    delay_s: DelayS = Field(
+        0,
+        validation_alias=AliasChoices("delay_s", "delay_seconds"),
+        description="claimable only this much later",
+    )
     max_attempts: Attempts | None = None
     held: bool = Field(False, description="enqueue held: not claimable until released")
     parent: TaskRef | None = Field(None, description="the parent task, for lineage")
@@ -95,14 +148,37 @@ class EnqueueManyOut(BaseModel):
 class ClaimIn(Strict):
     queue: str = QueueName
     worker: str | None = Field(None, max_length=200)
-    max_tasks: MaxTasks = 1
-    lease_s: LeaseS | None = Field(None, description="default: the queue's (300)")
-    wait_s: float = Field(0, ge=0, le=55, description="long-poll an empty queue this long")
+    max_tasks: MaxTasks | None = Field(
+        None, description="up to this many tasks, answered as a list; omitted or 1: one task, answered alone"
+    )
+    lease_s: LeaseS | None = Field(
+        None,
+        validation_alias=AliasChoices("lease_s", "lease_seconds"),
+        description="default: the queue's (300)",
+    )
+    wait_s: WaitS = Field(
+        0,
+        validation_alias=AliasChoices("wait_s", "wait_seconds"),
+        description="long-poll an empty queue this long",
+    )
 
 
-class TaskRow(BaseModel):
+class ClaimedTask(BaseModel):
+    """A claimed task: what it is (``task_id``, ``fencing_token``,
+    ``lease_expires_in_s``, ``row``), then the rest of its lease and task."""
+
+    task_id: str
+    fencing_token: int
+    lease_expires_in_s: int = Field(description="the lease's length in seconds, from the claim")
+    row: Any = Field(description="the task's input: the payload it was enqueued with")
+    lease_token: str = Field(
+        description="present it with every write about the task (or send task_id and"
+        " fencing_token from the key that claimed it)"
+    )
+    lease_expires_at: datetime
+    attempt: int
+    max_attempts: int
     queue: str
-    payload: Any
     priority: int
     idempotency_key: str | None
     parent_id: str | None
@@ -110,70 +186,121 @@ class TaskRow(BaseModel):
     created_at: datetime
     run_at: datetime
 
-
-class ClaimedTask(BaseModel):
-    task_id: str
-    fencing_token: int
-    lease_token: str
-    lease_expires_in_s: float
-    lease_expires_at: datetime
-    attempt: int
-    max_attempts: int
-    row: TaskRow
-
     @classmethod
     def of(cls, lease: models.Lease) -> ClaimedTask:
         return cls(
-            task_id=task_ref(lease.task_id),
-            fencing_token=lease.fencing_token,
-            lease_token=lease.lease_token,
-            lease_expires_in_s=lease.lease_expires_in_s,
-            lease_expires_at=lease.lease_expires_at,
-            attempt=lease.attempt,
-            max_attempts=lease.max_attempts,
-            row=TaskRow(
-                queue=lease.queue,
-                payload=lease.payload,
-                priority=lease.priority,
-                idempotency_key=lease.idempotency_key,
-                parent_id=tid(lease.parent_id),
-                root_id=task_ref(lease.root_id),
-                created_at=lease.created_at,
-                run_at=lease.run_at,
-            ),
-        )
+            task_id=task_ref(lease.task_id), fencing_token=lease.fencing_token,
+            lease_expires_in_s=round(lease.lease_expires_in_s), row=lease.row,
+            lease_token=lease.lease_token, lease_expires_at=lease.lease_expires_at,
+            attempt=lease.attempt, max_attempts=lease.max_attempts, queue=lease.queue,
+            priority=lease.priority, idempotency_key=lease.idempotency_key,
+            parent_id=tid(lease.parent_id), root_id=task_ref(lease.root_id),
+            created_at=lease.created_at, run_at=lease.run_at,
+        )  # fmt: skip
+
+
+class NoTask(BaseModel):
+    """A one-task claim that found none: the same fields, null."""
+
+    task_id: None
+    fencing_token: None
+    lease_expires_in_s: None
+    row: None
+
+
+NO_TASK = NoTask(task_id=None, fencing_token=None, lease_expires_in_s=None, row=None)
 
 
 class ClaimOut(BaseModel):
     tasks: list[ClaimedTask]
 
 
-class HeartbeatIn(Strict):
+class ByToken(Strict):
+    """A write that names its lease by the lease token the claim returned."""
+
     lease_token: str = Field(max_length=300)
-    lease_s: LeaseS | None = None
+
+
+class ByFence(Strict):
+    """A write that names its lease by task and fencing token: taken from the
+    API key that claimed it only."""
+
+    task_id: TaskRef
+    fencing_token: FencingToken
+
+
+def _named_by(value: Any) -> str:
+    return "ByToken" if isinstance(value, dict) and "lease_token" in value else "ByFence"
+
+
+LeaseRef = ByToken | ByFence
+"""How a write names its lease."""
+
+
+class _Heartbeat(Strict):
+    lease_s: LeaseS | None = Field(None, validation_alias=AliasChoices("lease_s", "lease_seconds"))
     stage: str | None = Field(None, max_length=1000)
+
+
+class HeartbeatByToken(ByToken, _Heartbeat):
+    pass
+
+
+class HeartbeatByFence(ByFence, _Heartbeat):
+    pass
+
+
+class _Submit(Strict):
+    result: Any = None
+
+
+class SubmitByToken(ByToken, _Submit):
+    pass
+
+
+class SubmitByFence(ByFence, _Submit):
+    pass
+
+
+class _Fail(Strict):
+    error: Any = None
+    retry_delay_s: DelayS | None = Field(
+        None, validation_alias=AliasChoices("retry_delay_s", "retry_delay_seconds")
+    )
+    requeue: bool = True
+
+
+class FailByToken(ByToken, _Fail):
+    pass
+
+
+class FailByFence(ByFence, _Fail):
+    pass
+
+
+# A body with lease_token is checked as one by token, any other by fence: its
+# errors are that form's alone.
+HeartbeatIn = Annotated[
+    Annotated[HeartbeatByToken, Tag("ByToken")] | Annotated[HeartbeatByFence, Tag("ByFence")],
+    Discriminator(_named_by),
+]
+SubmitIn = Annotated[
+    Annotated[SubmitByToken, Tag("ByToken")] | Annotated[SubmitByFence, Tag("ByFence")],
+    Discriminator(_named_by),
+]
+FailIn = Annotated[
+    Annotated[FailByToken, Tag("ByToken")] | Annotated[FailByFence, Tag("ByFence")],
+    Discriminator(_named_by),
+]
+ReleaseIn = Annotated[
+    Annotated[ByToken, Tag("ByToken")] | Annotated[ByFence, Tag("ByFence")], Discriminator(_named_by)
+]
 
 
 class HeartbeatOut(BaseModel):
     task_id: str
     lease_expires_in_s: float
     lease_expires_at: datetime
-
-
-class SubmitIn(Strict):
-    lease_token: str = Field(max_length=300)
-    result: Any = None
-
-
-class FailIn(Strict):
-    lease_token: str = Field(max_length=300)
-    error: Any = None
-    retry_delay_s: float | None = Field(None, ge=0, le=MAX_DELAY_S)
-    requeue: bool = True
-
-
-class LeaseTokenIn(Strict):
-    lease_token: str = Field(max_length=300)
 
 
 class SubmitOut(BaseModel):
@@ -291,9 +418,34 @@ class RunOut(BaseModel):
         )  # fmt: skip
 
 
+SetAsideKind = Literal["complete", "fail", "heartbeat", "release"]
+
+
+class SetAsideOut(BaseModel):
+    """A write refused and set aside (a late or forged complete, fail,
+    heartbeat or release), with who held the lease its token names."""
+
+    task_id: str
+    kind: SetAsideKind
+    fencing_token: int = Field(description="the token the write presented")
+    at: datetime
+    state: State = Field(description="the task's state when the write was refused")
+    worker: str | None = Field(description="the worker that held that token's lease; null when unknown")
+    key_id: int | None = Field(description="the API key that claimed that lease; null when none or unknown")
+
+    @classmethod
+    def of(cls, w: models.SetAsideWrite) -> SetAsideOut:
+        return cls(
+            task_id=task_ref(w.task_id), kind=cast(SetAsideKind, w.kind),
+            fencing_token=w.fencing_token, at=w.at, state=cast(State, w.state), worker=w.worker,
+            key_id=w.key_id,
+        )  # fmt: skip
+
+
 class TaskDetailOut(TaskOut):
     run: RunOut
     lineage: list[TaskOut] = Field(description="every task of this task's run, oldest first (at most 200)")
+    set_aside: list[SetAsideOut] = Field(description="the task's refused writes, oldest first")
 
 
 class QueueStatsOut(BaseModel):
@@ -315,10 +467,10 @@ class QueuesOut(BaseModel):
 
 
 class QueueSettingsIn(Strict):
-    lease_s: LeaseS | None = None
+    lease_s: LeaseS | None = Field(None, validation_alias=AliasChoices("lease_s", "lease_seconds"))
     max_attempts: Attempts | None = None
-    backoff_base_s: float | None = Field(None, ge=0, le=MAX_DELAY_S)
-    backoff_max_s: float | None = Field(None, ge=0, le=MAX_DELAY_S)
+    backoff_base_s: DelayS | None = None
+    backoff_max_s: DelayS | None = None
     retention_s: RetentionS | None = None
     max_body_bytes: BodyBytes | None = None
     paused: bool | None = None
@@ -347,7 +499,7 @@ class EdgeIn(Strict):
     join: bool = False
     partial: bool = False
     priority: Priority | None = None
-    delay_s: float = Field(0, ge=0, le=MAX_DELAY_S)
+    delay_s: DelayS = Field(0, validation_alias=AliasChoices("delay_s", "delay_seconds"))
 
 
 class EdgeOut(BaseModel):

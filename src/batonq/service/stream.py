@@ -52,7 +52,7 @@ async def _still_held(client: AsyncClient, outstanding: dict[int, int]) -> None:
 
 
 async def _deliver(
-    client: AsyncClient, queue: str, credit: int, lease_s: int | None, worker: str, keepalive_s: float
+    client: AsyncClient, queue: str, credit: int, lease_s: int | None, key_id: int, keepalive_s: float
 ) -> AsyncIterator[str]:
     outstanding: dict[int, int] = {}
     idle = 0.0
@@ -68,8 +68,9 @@ async def _deliver(
                 yield ": keep-alive\n\n"
             continue
         leases = await client.claim(
-            queue, max_tasks=free, lease_s=lease_s, wait_s=min(keepalive_s, 55), worker=worker
-        )
+            queue, max_tasks=free, lease_s=lease_s, wait_s=min(keepalive_s, 55),
+            worker=f"sse-key-{key_id}", key_id=key_id,
+        )  # fmt: skip
         if not leases:
             yield ": keep-alive\n\n"
         for lease in leases:
@@ -95,7 +96,9 @@ async def stream(
 ) -> StreamingResponse:
     """Without `claim`: an `available` event (`{"queue","pending"}`) whenever the
     queue has claimable tasks. With `claim=true`: `task` events, each a claimed
-    task with its lease token (the event id is its fencing token); at most
+    task as `/v1/claim` answers one (`task_id`, `fencing_token`,
+    `lease_expires_in_s`, `row`, `lease_token`, ...; the event id is its
+    fencing token); at most
     `credit` are unfinished at once, the next comes when you submit or fail one.
     The stream opens with a `: ready` comment once it is subscribed (an
     enqueue after it is announced); `: keep-alive` comments keep idle
@@ -105,7 +108,7 @@ async def stream(
     client = client_of(request)
     keepalive_s: float = request.app.state.keepalive_s
     if claim:
-        events = _deliver(client, queue, credit, lease_s, f"sse-key-{principal.key_id}", keepalive_s)
+        events = _deliver(client, queue, credit, lease_s, principal.key_id, keepalive_s)
     else:
         seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
         events = _announce(client, queue, keepalive_s, seq)

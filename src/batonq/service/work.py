@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Annotated
 
 from annotated_types import Len
 from fastapi import APIRouter, Depends, Header, Request
 
+from batonq import operations
+from batonq.errors import TaskNotFound
 from batonq.operations import task_ref
 from batonq.rings import WORKER
 from batonq.service import schemas as s
@@ -29,6 +32,31 @@ def token_queue(principal: Principal, lease_token: str) -> str:
         raise ApiError(400, "invalid_token", "malformed lease token: use the lease_token returned by claim")
     principal.check_queue(queue)
     return queue
+
+
+async def lease_tokens(request: Request, principal: Principal, bodies: Sequence[s.LeaseRef]) -> list[str]:
+    """Each write's lease token: the one it sent, or the one its ``task_id``
+    and ``fencing_token`` name for this key. A lease another key claimed
+    gets a token the engine refuses as forged; a task outside the key's
+    scopes does not exist."""
+    named = [(b.task_id, b.fencing_token) for b in bodies if isinstance(b, s.ByFence)]
+    found = iter(await client_of(request).lease_tokens_for_key(named, principal.key_id) if named else [])
+    tokens = []
+    for b in bodies:
+        if isinstance(b, s.ByToken):
+            token_queue(principal, b.lease_token)
+            tokens.append(b.lease_token)
+            continue
+        token = next(found)
+        if not principal.covers(queue_of(token)):
+            ref = operations.task_id(token.split("/")[1])
+            raise TaskNotFound(f"task t_{ref} not found", task_id=ref)
+        tokens.append(token)
+    return tokens
+
+
+def queue_of(lease_token: str) -> str:
+    return lease_token.partition("/")[0]
 
 
 @router.post(
@@ -56,8 +84,8 @@ async def enqueue(
     if not isinstance(body, list):
         created = await client.enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
-            max_attempts=body.max_attempts, key=body.idempotency_key or idempotency_key,
-            held=body.held, parent_id=body.parent,
+            max_attempts=body.max_attempts, idempotency_key=body.idempotency_key or idempotency_key,
+            held=body.held, parent=body.parent,
         )  # fmt: skip
         return s.EnqueueOut.of(created)
     groups: dict[tuple[str, int | None, bool, int | str | None], list[int]] = defaultdict(list)
@@ -68,26 +96,38 @@ async def enqueue(
         for (queue, max_attempts, held, parent), indexes in groups.items():
             part = [items[i] for i in indexes]
             done = await client.enqueue_many(
-                queue, [i.payload for i in part], keys=[i.idempotency_key for i in part],
+                queue, [i.payload for i in part], idempotency_keys=[i.idempotency_key for i in part],
                 priorities=[i.priority for i in part], delays_s=[i.delay_s for i in part],
-                max_attempts=max_attempts, held=held, parent_id=parent, conn=conn,
+                max_attempts=max_attempts, held=held, parent=parent, conn=conn,
             )  # fmt: skip
             for index, answer in zip(indexes, done, strict=True):
                 answers[index] = s.EnqueueOut.of(answer)
     return s.EnqueueManyOut(tasks=[a for a in answers if a is not None])
 
 
-@router.post("/claim", response_model=s.ClaimOut, summary="Claim tasks under a lease")
-async def claim(request: Request, body: s.ClaimIn, principal: Worker) -> s.ClaimOut:
-    """Each task comes with a new `fencing_token` and a `lease_token` that every
-    later write about it must present. With `wait_s`, an empty queue is
-    long-polled; the reply is `{"tasks": []}` if nothing came."""
+@router.post(
+    "/claim",
+    response_model=s.ClaimedTask | s.NoTask | s.ClaimOut,
+    summary="Claim a task (or, with max_tasks over 1, a list of them) under a lease",
+)
+async def claim(
+    request: Request, body: s.ClaimIn, principal: Worker
+) -> s.ClaimedTask | s.NoTask | s.ClaimOut:
+    """Without `max_tasks` (or with 1) the reply is the task itself: `task_id`,
+    `fencing_token`, `lease_expires_in_s`, `row` (its input), then
+    `lease_token`, `attempt` and the rest; all four are null when there was
+    none. With `max_tasks` over 1 it is `{"tasks": [...]}`, each task in
+    that shape (`[]` when there was none). Every write about a task presents
+    its `lease_token`, or its `task_id` and `fencing_token` from this key.
+    With `wait_s`, an empty queue is long-polled."""
     principal.check_queue(body.queue)
     leases = await client_of(request).claim(
-        body.queue, max_tasks=body.max_tasks, lease_s=body.lease_s, wait_s=body.wait_s,
-        worker=body.worker or f"key-{principal.key_id}",
+        body.queue, max_tasks=body.max_tasks or 1, lease_s=body.lease_s, wait_s=body.wait_s,
+        worker=body.worker or f"key-{principal.key_id}", key_id=principal.key_id,
     )  # fmt: skip
     metrics_of(request).claims.labels(body.queue).inc(len(leases))
+    if body.max_tasks is None or body.max_tasks == 1:
+        return s.ClaimedTask.of(leases[0]) if leases else s.NO_TASK
     return s.ClaimOut(tasks=[s.ClaimedTask.of(lease) for lease in leases])
 
 
@@ -98,9 +138,9 @@ async def claim(request: Request, body: s.ClaimIn, principal: Worker) -> s.Claim
 )
 async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) -> s.HeartbeatOut:
     """Extend the lease by `lease_s` (default: the claim's) from now; optionally set `stage`."""
-    queue = token_queue(principal, body.lease_token)
-    with metrics_of(request).refusals(queue):
-        beat = await client_of(request).heartbeat(body.lease_token, lease_s=body.lease_s, stage=body.stage)
+    [token] = await lease_tokens(request, principal, [body])
+    with metrics_of(request).refusals(queue_of(token)):
+        beat = await client_of(request).heartbeat(token, lease_s=body.lease_s, stage=body.stage)
     assert beat.lease_expires_in_s is not None and beat.lease_expires_at is not None
     return s.HeartbeatOut(
         task_id=task_ref(beat.task_id),
@@ -120,25 +160,29 @@ async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) ->
 async def submit(
     request: Request, body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, 1000)], principal: Worker
 ) -> s.SubmitOut | s.SubmitManyOut:
-    """A repeat of an accepted submit returns the first outcome with `replayed: true`.
+    """Name the lease by `lease_token`, or by `task_id` and `fencing_token`
+    (accepted from the key that claimed it). A repeat of an accepted submit
+    returns the first outcome with `replayed: true`.
 
     A list (up to 1,000) is submitted in one round trip and answers
     `{"results": [...]}` in order, each with its `outcome`: a refused item
     (`lease_lost`, `finished`) does not fail the others, nor the request."""
     client, metrics = client_of(request), metrics_of(request)
     if isinstance(body, list):
-        for item in body:
-            token_queue(principal, item.lease_token)
-        answers = await client.complete_many([(item.lease_token, item.result) for item in body])
+        tokens = await lease_tokens(request, principal, body)
+        answers = await client.complete_many(
+            [(token, item.result) for token, item in zip(tokens, body, strict=True)]
+        )
         for answer in answers:
             if answer.accepted:
                 metrics.completions.labels(answer.queue, "replayed" if answer.replayed else "accepted").inc()
             else:
                 metrics.refused.labels(answer.queue).inc()
         return s.SubmitManyOut(results=[s.SubmitResultOut.of(answer) for answer in answers])
-    queue = token_queue(principal, body.lease_token)
+    [token] = await lease_tokens(request, principal, [body])
+    queue = queue_of(token)
     with metrics.refusals(queue):
-        done = await client.complete(body.lease_token, body.result)
+        done = await client.complete(token, body.result)
     metrics.completions.labels(queue, "replayed" if done.replayed else "accepted").inc()
     return s.SubmitOut.of(done)
 
@@ -151,10 +195,10 @@ async def submit(
 async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitOut:
     """Retry after `retry_delay_s`, or after the queue's backoff when omitted;
     `requeue: false` makes the task dead now."""
-    queue = token_queue(principal, body.lease_token)
-    with metrics_of(request).refusals(queue):
+    [token] = await lease_tokens(request, principal, [body])
+    with metrics_of(request).refusals(queue_of(token)):
         failed = await client_of(request).fail(
-            body.lease_token, body.error, retry_delay_s=body.retry_delay_s, requeue=body.requeue
+            token, body.error, retry_delay_s=body.retry_delay_s, requeue=body.requeue
         )
     return s.SubmitOut.of(failed)
 
@@ -164,9 +208,9 @@ async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitO
     response_model=s.SubmitOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def release(request: Request, body: s.LeaseTokenIn, principal: Worker) -> s.SubmitOut:
+async def release(request: Request, body: s.ReleaseIn, principal: Worker) -> s.SubmitOut:
     """Give a lease back unfinished: the task is claimable at once and the attempt is not counted."""
-    queue = token_queue(principal, body.lease_token)
-    with metrics_of(request).refusals(queue):
-        released = await client_of(request).release_lease(body.lease_token)
+    [token] = await lease_tokens(request, principal, [body])
+    with metrics_of(request).refusals(queue_of(token)):
+        released = await client_of(request).release_lease(token)
     return s.SubmitOut.of(released)

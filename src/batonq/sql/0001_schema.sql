@@ -58,6 +58,10 @@ CREATE TABLE batonq.tasks (
     lease_expires_at timestamptz,
     claimed_at       timestamptz,
     worker           text,
+    -- The API key whose request claimed the lease (NULL for a claim made
+    -- without one): a write that names the lease by task and fencing token,
+    -- not by its lease token, is taken from that key only.
+    claim_key        bigint,
     stage            text,
     last_error       text,
     errors           jsonb NOT NULL DEFAULT '[]',

@@ -26,7 +26,8 @@ BEGIN
         state = 'pending',
         lease_expires_at = NULL,
         last_error = 'lease expired',
-        errors = t.errors || batonq._attempt_error(t.attempts, t.fencing_token, '"lease expired"')
+        errors = t.errors || batonq._attempt_error(t.attempts, t.fencing_token, '"lease expired"',
+                                                   t.worker, t.claim_key)
      WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.attempts < t.max_attempts;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     IF v_count > 0 THEN
@@ -40,7 +41,8 @@ BEGIN
         INSERT INTO batonq.archive
         SELECT (batonq._archive_row(d.t, 'dead', NULL, 'lease expired after max attempts',
                 (d.t).errors || batonq._attempt_error((d.t).attempts, (d.t).fencing_token,
-                                                      '"lease expired after max attempts"'))).*
+                                                      '"lease expired after max attempts"',
+                                                      (d.t).worker, (d.t).claim_key))).*
           FROM dead d
         RETURNING id, join_task_id
     )
@@ -54,14 +56,16 @@ END $$;
 CREATE TYPE batonq.lease AS (
     task_id bigint, queue text, fencing_token bigint, lease_token text,
     lease_expires_at timestamptz, lease_expires_in_s double precision,
-    attempt integer, max_attempts integer, priority integer, payload jsonb,
+    attempt integer, max_attempts integer, priority integer, "row" jsonb,
     idempotency_key text, parent_id bigint, root_id bigint, created_at timestamptz,
     run_at timestamptz
 );
 
 -- Claim up to p_max_tasks claimable tasks of one queue: highest priority
 -- first, then oldest run_at. Each claimed task gets a fresh fencing token and
--- lease secret and counts an attempt.
+-- lease secret and counts an attempt. A lease's "row" is the task's input
+-- (its payload). p_key_id records the API key that asked (the service's),
+-- so that key may later name the lease by task and fencing token alone.
 --
 -- Written for generic plans (PL/pgSQL caches them): the queue is named on
 -- every reference to the partitioned table, so the planner prunes to one
@@ -73,7 +77,8 @@ CREATE FUNCTION batonq.claim(
     p_queue     text,
     p_worker    text DEFAULT NULL,
     p_max_tasks integer DEFAULT 1,
-    p_lease_s   integer DEFAULT NULL
+    p_lease_s   integer DEFAULT NULL,
+    p_key_id    bigint DEFAULT NULL
 ) RETURNS SETOF batonq.lease
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -124,6 +129,7 @@ BEGIN
             lease_expires_at = now() + make_interval(secs => v_lease_s),
             claimed_at = now(),
             worker = p_worker,
+            claim_key = p_key_id,
             stage = NULL
          WHERE t.queue = p_queue AND t.id = ANY (ARRAY(SELECT id FROM picked))
         RETURNING t.*

@@ -73,6 +73,38 @@ BEGIN
                v_state, p_ref.fencing_token, v_token, NULL, NULL)::batonq.submit_reply;
 END $$;
 
+-- The lease token of a lease named by its task and fencing token, for the
+-- API key p_key_id: the real token when that key claimed the lease and it is
+-- still the task's; otherwise a token whose secret matches no lease, which
+-- the writes refuse exactly as they refuse a forged one (wrong lease token,
+-- lease_lost or finished, set aside; a replay of an accepted complete).
+-- Not granted to the worker role: a key id is no secret, so only the
+-- service, which checked the key itself, may vouch for one.
+CREATE FUNCTION batonq.lease_token_for_key(p_task_id bigint, p_fencing_token bigint, p_key_id bigint)
+RETURNS text
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_queue  text;
+    v_token  bigint;
+    v_key    bigint;
+    v_secret uuid;
+BEGIN
+    SELECT queue, fencing_token, claim_key, lease_secret INTO v_queue, v_token, v_key, v_secret
+      FROM batonq.tasks WHERE id = p_task_id;
+    IF NOT FOUND THEN
+        v_queue := (SELECT a.queue FROM batonq.archive a WHERE a.id = p_task_id LIMIT 1);
+        IF v_queue IS NULL THEN
+            RAISE EXCEPTION 'task t_% not found', p_task_id
+                USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_task_id)::text;
+        END IF;
+    ELSIF v_token = p_fencing_token AND v_key = p_key_id AND v_secret IS NOT NULL THEN
+        RETURN batonq._lease_token(v_queue, p_task_id, p_fencing_token, v_secret);
+    END IF;
+    RETURN batonq._lease_token(v_queue, p_task_id, p_fencing_token, '00000000-0000-0000-0000-000000000000');
+END $$;
+
 -- PL/pgSQL, not SQL: its plan is cached (a SQL function with a subquery is
 -- planned at every call).
 CREATE FUNCTION batonq._result_limit(p_queue text) RETURNS integer
@@ -250,7 +282,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN batonq._refuse(v_ref, 'fail', p_error);
     END IF;
-    v_entry := batonq._attempt_error(v_task.attempts, v_task.fencing_token, p_error);
+    v_entry := batonq._attempt_error(v_task.attempts, v_task.fencing_token, p_error,
+                                     v_task.worker, v_task.claim_key);
     IF NOT p_requeue OR v_task.attempts >= v_task.max_attempts THEN
         v_state := 'dead';
         DELETE FROM batonq.tasks t WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id;

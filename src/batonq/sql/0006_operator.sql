@@ -80,6 +80,45 @@ BEGIN
     ORDER BY v.id DESC LIMIT p_limit;
 END $$;
 
+-- A write refused and set aside in the submit ledger (a late complete, fail,
+-- heartbeat or release): its kind, the fencing token it presented, when, the
+-- task's state then, and who held the lease that token names: its worker and
+-- the API key that claimed it (NULL when not known, e.g. a released lease).
+CREATE TYPE batonq.set_aside_write AS (
+    task_id bigint, kind text, fencing_token bigint, at timestamptz, state text,
+    worker text, key_id bigint
+);
+
+-- The writes set aside for these tasks, oldest first per task. A token's
+-- holder is read from the attempt history (every lease that ended unfinished
+-- left an entry naming its worker and key) or, for the task's newest token,
+-- from the task itself.
+CREATE FUNCTION batonq.set_aside_writes(p_task_ids bigint[]) RETURNS SETOF batonq.set_aside_write
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off
+BEGIN ATOMIC
+    SELECT s.task_id, s.kind, s.fencing_token, s.at, s.state_after,
+           coalesce(h.entry ->> 'worker', CASE WHEN v.fencing_token = s.fencing_token THEN v.worker END),
+           coalesce((h.entry ->> 'key_id')::bigint,
+                    CASE WHEN v.fencing_token = s.fencing_token THEN v.claim_key END)
+      FROM batonq.submits s
+      LEFT JOIN LATERAL (
+          (SELECT t.fencing_token, t.worker, t.claim_key, t.errors FROM batonq.tasks t
+            WHERE t.queue = s.queue AND t.id = s.task_id)
+          UNION ALL
+          (SELECT a.fencing_token, a.worker, NULL::bigint, a.errors FROM batonq.archive a
+            WHERE a.id = s.task_id)
+          LIMIT 1
+      ) v ON true
+      LEFT JOIN LATERAL (
+          SELECT e.entry FROM jsonb_array_elements(v.errors) AS e(entry)
+           WHERE e.entry ->> 'fencing_token' = s.fencing_token::text
+           LIMIT 1
+      ) h ON true
+     WHERE s.task_id = ANY (p_task_ids) AND s.outcome = 'set_aside'
+     ORDER BY s.task_id, s.at;
+END;
+
 -- Per queue: its settings, how many tasks are in each state, and the age of
 -- the oldest claimable task. NULL p_queue means every queue.
 CREATE FUNCTION batonq.queue_stats(p_queue text DEFAULT NULL)

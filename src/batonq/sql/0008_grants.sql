@@ -8,6 +8,7 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 
 GRANT EXECUTE ON FUNCTION
     batonq.get_task(bigint),
+    batonq.set_aside_writes(bigint[]),
     batonq.list_tasks(text, text, integer, bigint),
     batonq.queue_stats(text),
     batonq.list_queues(),
@@ -17,7 +18,7 @@ TO batonq_reader;
 GRANT EXECUTE ON FUNCTION
     batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint),
     batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint),
-    batonq.claim(text, text, integer, integer),
+    batonq.claim(text, text, integer, integer, bigint),
     batonq.heartbeat(text, integer, text),
     batonq.complete(text, jsonb),
     batonq.complete_many(text[], jsonb[]),

@@ -45,7 +45,7 @@ class BaseJob:
         self.lease = lease
         self.id = lease.task_id
         self.queue = lease.queue
-        self.payload: JSON = lease.payload
+        self.payload: JSON = lease.row
         self.attempt = lease.attempt
         self.max_attempts = lease.max_attempts
         self.fencing_token = lease.fencing_token
@@ -98,7 +98,7 @@ class BaseJob:
             raise
 
     async def _enqueue_child(self, queue: str, payload: JSON, **options: Any) -> Enqueued:
-        return await self._client.enqueue(queue, payload, parent_id=self.id, **options)
+        return await self._client.enqueue(queue, payload, parent=self.id, **options)
 
 
 class AsyncJob(BaseJob):
@@ -121,8 +121,8 @@ class AsyncJob(BaseJob):
     async def enqueue_child(self, queue: str, payload: JSON, **options: Any) -> Enqueued:
         """Enqueue a task linked to this one (``parent_id``, same ``root_id``).
 
-        ``options`` are ``AsyncClient.enqueue``'s (``key``, ``delay_s``, ...).
-        A handler can run twice, so pass ``key=`` to enqueue a child only once.
+        ``options`` are ``AsyncClient.enqueue``'s (``idempotency_key``, ``delay_s``, ...).
+        A handler can run twice, so pass ``idempotency_key=`` to enqueue a child only once.
         """
         return await self._enqueue_child(queue, payload, **options)
 
@@ -164,7 +164,7 @@ class Job(BaseJob):
     def enqueue_child(self, queue: str, payload: JSON, **options: Any) -> Enqueued:
         """Enqueue a task linked to this one (``parent_id``, same ``root_id``).
 
-        ``options`` are ``Client.enqueue``'s (``key``, ``delay_s``, ...).
-        A handler can run twice, so pass ``key=`` to enqueue a child only once.
+        ``options`` are ``Client.enqueue``'s (``idempotency_key``, ``delay_s``, ...).
+        A handler can run twice, so pass ``idempotency_key=`` to enqueue a child only once.
         """
         return self._call(self._enqueue_child(queue, payload, **options))
