@@ -25,7 +25,9 @@ from mcp_types import CallToolResult, TextContent
 from tests.waiting import wait_for
 
 BATONQ = str(Path(sys.executable).parent / "batonq")
-WRITE_TOOLS = {"batonq_enqueue", "batonq_claim", "batonq_heartbeat", "batonq_complete", "batonq_fail"}
+WRITE_TOOLS = {
+    "batonq_enqueue", "batonq_claim", "batonq_heartbeat", "batonq_complete", "batonq_fail", "batonq_run"
+}
 READ_TOOLS = {"batonq_tasks", "batonq_queues"}
 
 
