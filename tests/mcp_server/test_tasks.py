@@ -201,3 +201,15 @@ async def test_a_client_without_the_extension_gets_the_plain_answer(dsn: str, ad
         with pytest.raises(MCPError) as missing:
             await task_get(session, plain["task_id"])
         assert "io.modelcontextprotocol/tasks" in missing.value.error.message
+
+
+async def test_cancel_through_a_database_role_that_may_not_says_so(dsn: str) -> None:
+    """``batonq mcp`` on the worker role: operator actions are the schema owner's."""
+    async with tasks_client(StdioServerParameters(command=BATONQ, args=["--dsn", dsn, "mcp"])) as client:
+        created = await run_as_task(client, queue="cancel", payload={"n": 1})
+        with pytest.raises(MCPError) as refused_cancel:
+            await task_request(client.session, "tasks/cancel", created.task_id)
+        assert refused_cancel.value.error.message.startswith(
+            "forbidden: this server's database role may not cancel tasks"
+        )
+        assert (await task_get(client.session, created.task_id)).status == "working"

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import require_client_extension
@@ -150,6 +151,12 @@ class Tasks(Extension):
             await access.client.cancel(task.id)
         except errors.InvalidState:
             pass  # finished meanwhile: it stays what it became, as the extension allows
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise MCPError(
+                code=INVALID_REQUEST,
+                message="forbidden: this server's database role may not cancel tasks (operator actions "
+                "need the batonq schema's owner)",
+            ) from error
         except errors.BatonqError as error:
             raise MCPError(code=INTERNAL_ERROR, message=f"{error.code}: {error.message}") from error
         return {}
