@@ -134,6 +134,15 @@ async def test_a_dead_task_is_a_failed_task_with_its_last_error(where: Where) ->
     assert failed.status_message == "dead after 1 attempt"
 
 
+async def test_a_task_to_be_retried_is_still_working(where: Where) -> None:
+    async with where.client() as coordinator:
+        created = await run_as_task(coordinator, queue="flaky", payload={"n": 1})
+        async with worker(where, "flaky", "batonq_fail", error="port in use", retry_delay_seconds=600):
+            pass
+        seen = await task_get(coordinator.session, created.task_id)
+    assert (seen.status, seen.status_message) == ("working", "pending: to be retried after 1 attempt")
+
+
 async def test_cancel_cancels_the_batonq_task_cooperatively(where: Where, sql: Sql) -> None:
     async with where.client() as coordinator, where.client() as agent:
         waiting = await run_as_task(coordinator, queue="cancel", payload={"n": 1}, delay_seconds=3600)

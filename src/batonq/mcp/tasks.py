@@ -90,6 +90,8 @@ def handle(task: Task, answer: Callable[[TaskOut], CallToolResult], result_type:
         shown.update(status="failed", statusMessage=f"dead after {_attempts(task)}", error=error)
     elif task.state == "cancelled":
         shown.update(status="cancelled", statusMessage="cancelled")
+    elif task.state == "pending" and task.attempts > 0:
+        shown.update(status="working", statusMessage=f"pending: to be retried after {_attempts(task)}")
     else:
         shown.update(status="working", statusMessage=_WORKING[task.state])
     return shown
