@@ -47,7 +47,9 @@ class StrictTool(Tool):
         return await super().run(arguments, context, convert_result=convert_result)
 
     def check(self, arguments: dict[str, Any]) -> None:
-        """Raise a ToolError that names the first problem with ``arguments``."""
+        """Raise a ToolError that says what is wrong with ``arguments``: an
+        unknown name, two names for one argument, or values (each one). The
+        SDK validates them again after this; a small model, a small cost."""
         model = self.fn_metadata.arg_model
         owner = {name: field for field, info in model.model_fields.items() for name in _names(field, info)}
         unknown = [name for name in arguments if name not in owner]
