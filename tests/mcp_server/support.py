@@ -10,22 +10,33 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
+import anyio
 import httpx
 import httpx2
 import psycopg
-from mcp import ClientSession, StdioServerParameters
+from mcp import Client, ClientSession, StdioServerParameters
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, Request, RequestParams, Result, TextContent
+from pydantic import TypeAdapter
 from tests.waiting import wait_for
 
 BATONQ = str(Path(sys.executable).parent / "batonq")
-WRITE_TOOLS = {"batonq_enqueue", "batonq_claim", "batonq_heartbeat", "batonq_complete", "batonq_fail"}
+WRITE_TOOLS = {
+    "batonq_enqueue",
+    "batonq_claim",
+    "batonq_heartbeat",
+    "batonq_complete",
+    "batonq_fail",
+    "batonq_run",
+}
 READ_TOOLS = {"batonq_tasks", "batonq_queues"}
 
 
@@ -180,3 +191,93 @@ class Target:
         if self.service is None:
             return stdio_session(self.dsn, *(["--read-only"] if read_only else []))
         return http_session(self.service.url, self.observer_key if read_only else self.worker_key)
+
+
+TASKS = "io.modelcontextprotocol/tasks"
+
+
+class TaskHandle(Result):
+    """A task as the tasks extension shows it: the answer to a tool call
+    (``resultType: "task"``) and to ``tasks/get``."""
+
+    result_type: str
+    task_id: str
+    status: Literal["working", "input_required", "completed", "failed", "cancelled"]
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    ttl_ms: int | None
+    poll_interval_ms: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+class CreatedTask(TaskHandle):
+    result_type: Literal["task"]
+
+
+class TaskIdParams(RequestParams):
+    task_id: str
+
+
+class TaskRequest(Request[TaskIdParams, str]):
+    """tasks/get, tasks/update or tasks/cancel, with the task id as its Mcp-Name."""
+
+    name_param = "taskId"
+
+
+async def task_request(session: ClientSession, method: str, task_id: str) -> dict[str, Any]:
+    """A tasks/* request; its raw result."""
+    request = TaskRequest(method=method, params=TaskIdParams(task_id=task_id))
+    answer: dict[str, Any] = await session.send_request(request, TypeAdapter(dict[str, Any]))
+    return answer
+
+
+async def task_get(session: ClientSession, task_id: str) -> TaskHandle:
+    return TaskHandle.model_validate(await task_request(session, "tasks/get", task_id))
+
+
+async def task_until(session: ClientSession, task_id: str, status: str, timeout: float = 30) -> TaskHandle:
+    """Poll tasks/get, at the interval the task asks for, until ``status``."""
+    deadline = time.monotonic() + timeout
+    while (task := await task_get(session, task_id)).status != status:
+        assert time.monotonic() < deadline, f"{task_id} still {task.status}, not {status}"
+        await anyio.sleep((task.poll_interval_ms or 1000) / 1000)
+    return task
+
+
+class TasksClient(ClientExtension):
+    """A client of the tasks extension: a tool call answered with a task is
+    followed with tasks/get until it ends, and answers as the tool would."""
+
+    identifier = TASKS
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=CreatedTask, resolve=self.follow)]
+
+    async def follow(self, created: CreatedTask, ctx: ClaimContext) -> CallToolResult:
+        deadline = time.monotonic() + 60
+        task: TaskHandle = created
+        while task.status == "working":
+            assert time.monotonic() < deadline, f"{task.task_id} still working"
+            await anyio.sleep((task.poll_interval_ms or 1000) / 1000)
+            task = await task_get(ctx.session, task.task_id)
+        if task.status != "completed":
+            raise RuntimeError(f"task {task.task_id} {task.status}: {task.error}")
+        return CallToolResult.model_validate(task.result)
+
+
+@contextlib.asynccontextmanager
+async def tasks_client(server: str | StdioServerParameters, key: str | None = None) -> AsyncIterator[Client]:
+    """A client that speaks the tasks extension (and the newest protocol), to a
+    ``batonq serve`` at ``server`` (its /mcp URL) or a ``batonq mcp`` process."""
+    if isinstance(server, StdioServerParameters):
+        async with Client(server, extensions=[TasksClient()]) as client:
+            yield client
+        return
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http,
+        Client(streamable_http_client(server, http_client=http), extensions=[TasksClient()]) as client,
+    ):
+        yield client

@@ -23,7 +23,7 @@ import httpx2
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from tests.mcp_server.support import BATONQ, call, running_service
+from tests.mcp_server.support import BATONQ, CreatedTask, call, running_service, task_request, tasks_client
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```$", re.DOTALL | re.MULTILINE)
@@ -169,6 +169,31 @@ async def test_the_workflow_over_http_as_configured(admin_dsn: str, tmp_path: Pa
         ):
             await session.initialize()
             assert await run_workflow(session) == len(steps())
+
+
+async def test_the_mcp_tasks_example(admin_dsn: str) -> None:
+    """The MCP tasks section: batonq_run answered with a task, completed by a
+    worker, read back with tasks/get, as the page shows them."""
+    arguments = json.loads(block("json", "tools/call batonq_run"))
+    created_doc, completed_doc = [
+        json.loads(body) for lang, info, body in blocks() if (lang, info) == ("json", "task")
+    ]
+    get = json.loads(block("json", "tasks/get"))
+    params = StdioServerParameters(command=BATONQ, args=["--dsn", admin_dsn, "mcp"])
+    async with tasks_client(params) as client:
+        created = await client.session.call_tool("batonq_run", arguments, allow_claimed=True)
+        assert isinstance(created, CreatedTask)
+        shown = created.model_dump(by_alias=True, mode="json")
+        assert matches(created_doc, shown), f"documented {created_doc}\n  actual     {shown}"
+        task = (await call(client.session, "batonq_claim", queue=arguments["queue"]))["task"]
+        await call(
+            client.session,
+            "batonq_complete",
+            lease_token=task["lease_token"],
+            result={"passed": 212, "failed": 0},
+        )
+        got = await task_request(client.session, "tasks/get", get["taskId"])
+        assert matches(completed_doc, got), f"documented {completed_doc}\n  actual     {got}"
 
 
 def test_batonq_mcp_reads_the_documented_key_variable() -> None:

@@ -46,8 +46,8 @@ async def test_tools_guide_and_prompt(target: Target) -> None:
             assert tool.annotations is not None
             assert tool.annotations.read_only_hint is (name in READ_TOOLS), name
         claim = tools["batonq_claim"].input_schema["properties"]
-        assert claim["wait_s"]["maximum"] == 55
-        assert claim["lease_s"]["anyOf"][0]["maximum"] == 3600
+        assert claim["wait_seconds"]["maximum"] == 55
+        assert claim["lease_seconds"]["anyOf"][0]["maximum"] == 3600
         assert tools["batonq_fail"].annotations.destructive_hint is True  # type: ignore[union-attr]
         assert tools["batonq_complete"].annotations.idempotent_hint is True  # type: ignore[union-attr]
         assert tools["batonq_claim"].annotations.idempotent_hint is False  # type: ignore[union-attr]
@@ -73,7 +73,7 @@ async def test_three_sessions_complete_40_shards_exactly_once(target: Target, sq
             if task is None:
                 return
             claimed[me].append(task["task_id"])
-            result = {"shard": task["payload"]["shard"], "session": me}
+            result = {"shard": task["row"]["shard"], "session": me}
             done = await call(session, "batonq_complete", lease_token=task["lease_token"], result=result)
             assert done["state"] == "done" and done["replayed"] is False
 
@@ -119,7 +119,7 @@ async def test_three_sessions_complete_40_shards_exactly_once(target: Target, sq
 async def test_a_late_complete_after_the_task_was_claimed_again_is_refused(target: Target, sql: Sql) -> None:
     async with target.session() as slow, target.session() as fast:
         await call(slow, "batonq_enqueue", queue="late", payload={"n": 1})
-        first = (await call(slow, "batonq_claim", queue="late", lease_s=30))["task"]
+        first = (await call(slow, "batonq_claim", queue="late", lease_seconds=30))["task"]
         age(sql, 60)  # the slow session's lease ran out
         second = (await call(fast, "batonq_claim", queue="late"))["task"]
         assert second["task_id"] == first["task_id"]
@@ -159,17 +159,21 @@ async def test_tasks_reports_counts_that_match_the_database(target: Target, sql:
     async with target.session() as session:
         for n in range(8):
             await call(session, "batonq_enqueue", queue=q, payload={"n": n}, priority=8 - n)
-        await call(session, "batonq_enqueue", queue=q, payload={"later": True}, delay_s=3600)
+        await call(session, "batonq_enqueue", queue=q, payload={"later": True}, delay_seconds=3600)
         leases = [(await call(session, "batonq_claim", queue=q))["task"] for _ in range(6)]
         for lease in leases[:2]:
             await call(
-                session, "batonq_complete", lease_token=lease["lease_token"], result={"ok": lease["payload"]}
+                session, "batonq_complete", lease_token=lease["lease_token"], result={"ok": lease["row"]}
             )
         await call(
             session, "batonq_fail", lease_token=leases[2]["lease_token"], error="no such file", requeue=False
         )
         await call(
-            session, "batonq_fail", lease_token=leases[3]["lease_token"], error="flaky", retry_delay_s=600
+            session,
+            "batonq_fail",
+            lease_token=leases[3]["lease_token"],
+            error="flaky",
+            retry_delay_seconds=600,
         )
         # leases[4:] stay leased; 2 tasks stay claimable.
 
@@ -181,14 +185,14 @@ async def test_tasks_reports_counts_that_match_the_database(target: Target, sql:
         assert len(report["tasks"]) == 9
         assert {t["state"] for t in report["tasks"]} == {"pending", "leased", "done", "dead"}
 
-        [dead] = (await call(session, "batonq_tasks", queue=q, state="dead"))["tasks"]
+        [dead] = (await call(session, "batonq_tasks", queue=q, status="dead"))["tasks"]
         assert dead["task_id"] == leases[2]["task_id"]
         assert (dead["attempts"], dead["last_error"]) == (1, "no such file")
-        done = (await call(session, "batonq_tasks", queue=q, state="done"))["tasks"]
+        done = (await call(session, "batonq_tasks", queue=q, status="done"))["tasks"]
         assert sorted(t["task_id"] for t in done) == sorted(lease["task_id"] for lease in leases[:2])
         assert all(t["result"] == {"ok": t["payload"]} for t in done)
         [retrying] = [
-            t for t in (await call(session, "batonq_tasks", queue=q, state="pending"))["tasks"]
+            t for t in (await call(session, "batonq_tasks", queue=q, status="pending"))["tasks"]
             if t["task_id"] == leases[3]["task_id"]
         ]  # fmt: skip
         assert (retrying["attempts"], retrying["last_error"]) == (1, "flaky")
@@ -211,11 +215,11 @@ async def test_a_long_poll_claim_returns_the_task_enqueued_a_second_later(
         started = time.monotonic()
         later.start()
         try:
-            got = await call(session, "batonq_claim", queue="poll", wait_s=10)
+            got = await call(session, "batonq_claim", queue="poll", wait_seconds=10)
         finally:
             later.join()
         waited = time.monotonic() - started
-    assert got["task"] is not None and got["task"]["payload"] == {"late": True}
+    assert got["task"] is not None and got["task"]["row"] == {"late": True}
     assert 0.9 <= waited < 6, waited
 
 

@@ -42,8 +42,8 @@ def mcp(ctx: click.Context, read_only: bool, key: str | None) -> None:
     """Serve batonq to an AI agent over MCP on stdin/stdout.
 
     Tools: batonq_enqueue, batonq_claim, batonq_heartbeat, batonq_complete,
-    batonq_fail, batonq_tasks, batonq_queues; a guide resource (batonq://guide)
-    and a prompt (work_through_queue). For agents on other machines,
+    batonq_fail, batonq_run, batonq_tasks, batonq_queues; a guide resource
+    (batonq://guide) and a prompt (work_through_queue). For agents on other machines,
     `batonq serve` serves the same at /mcp over streamable HTTP.
 
     \b

@@ -13,12 +13,16 @@ from typing import Any
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.prompts.base import Prompt
+from mcp_types import CallToolResult
 
 import batonq
 from batonq.client import AsyncClient
 from batonq.mcp.access import Access, find_access
+from batonq.mcp.arguments import StrictTool
 from batonq.mcp.guide import GUIDE, GUIDE_URI, INSTRUCTIONS, work_through_queue
+from batonq.mcp.tasks import Tasks
 from batonq.mcp.tools import READ_TOOLS, TOOLS
+from batonq.service.schemas import TaskOut
 
 __all__ = ["build_server", "serve_stdio"]
 
@@ -61,6 +65,24 @@ def build_server(fixed: Access | None = None) -> MCPServer[Any]:
         async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Access]:
             yield fixed
 
+    tools = {
+        name: StrictTool.strict(
+            spec.fn,
+            name=name,
+            title=spec.title,
+            description=spec.description,
+            annotations=spec.annotations,
+            structured_output=True,
+        )
+        for name, spec in TOOLS.items()
+    }
+
+    def run_answer(task: TaskOut) -> CallToolResult:
+        """batonq_run's answer for a task, as its plain call gives it."""
+        answer = tools["batonq_run"].fn_metadata.convert_result(task)
+        assert isinstance(answer, CallToolResult)
+        return answer
+
     with _root_logging_untouched():
         server: MCPServer[Any] = MCPServer(
             "batonq",
@@ -70,12 +92,9 @@ def build_server(fixed: Access | None = None) -> MCPServer[Any]:
             version=batonq.__version__,
             lifespan=lifespan,
             middleware=[_hide_write_tools],
+            tools=list(tools.values()),
+            extensions=[Tasks("batonq_run", run_answer)],
         )
-    for name, spec in TOOLS.items():
-        server.add_tool(
-            spec.fn, name=name, title=spec.title, description=spec.description,
-            annotations=spec.annotations, structured_output=True,
-        )  # fmt: skip
 
     @server.resource(
         GUIDE_URI,
