@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -49,6 +50,19 @@ T = TypeVar("T")
 _AWAIT_S = 15.0
 _AWAIT_MAX_S = 3600.0
 _AWAIT_MARGIN_S = 1.0
+
+
+def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:
+    """Whether anything arrived on ``conn`` while it sat idle in the pool.
+    Nothing should: what does is most likely the server's goodbye (it
+    restarted, failed over or ended the session). A look at the socket,
+    no round trip."""
+    fd = conn.pgconn.socket
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # Windows: no poll
 
 
 def _default_worker() -> str:
@@ -126,7 +140,25 @@ class Client:
 
         Pass it as ``conn=`` to enqueue atomically with your own writes.
         """
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
+            yield conn
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from the pool that the server has not closed.
+
+        A server that restarted or failed over closed every connection the
+        pool holds. The first one taken is seen to be closed before anything
+        is sent on it (so nothing can have run twice); then the pool checks
+        all of its idle connections (a round trip each), replacing the
+        closed ones, and the call goes on with a fresh one instead of
+        failing."""
+        with self._pool.connection() as conn:
+            if not _heard_while_idle(conn):
+                yield conn
+                return
+        self._pool.check()
+        with self._pool.connection() as conn:
             yield conn
 
     def _run(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
@@ -150,7 +182,7 @@ class Client:
 
     def _pooled(self, call: Call[T]) -> operations.Rows:
         """One round trip on a connection from the pool."""
-        with self._pool.connection() as pooled:
+        with self._connection() as pooled:
             cursor = pooled.execute(call.sql, call.params)
             return cursor.fetchall()
 
