@@ -14,6 +14,7 @@ from starlette.routing import Match
 
 from batonq import errors
 from batonq.operations import task_ref
+from batonq.service.body import BodyNotJson
 from batonq.service.schemas import ErrorOut
 
 __all__ = ["ERROR_RESPONSES", "ApiError", "body", "install"]
@@ -60,7 +61,6 @@ def _detail(error: errors.BatonqError) -> dict[str, Any]:
 
 
 _QUEUE_FIELDS = frozenset({"queue", "from_queue", "to_queue"})
-_UNPARSABLE = "There was an error parsing the body"
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut, "description": description}
@@ -152,8 +152,8 @@ def _methods(request: Request) -> list[str]:
 
 async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
-    if error.status_code == 400 and error.detail == _UNPARSABLE:
-        return JSONResponse(body("invalid_json", "the body is not valid JSON (nor UTF-8)"), 400)
+    if isinstance(error, BodyNotJson):
+        return JSONResponse(body("invalid_json", str(error.detail)), 400)
     headers = dict(error.headers or {})
     if error.status_code == 405:
         # Starlette names only the first matching route's methods; a path may have several routes.

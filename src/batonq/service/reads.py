@@ -14,10 +14,11 @@ from batonq.operations import task_ref
 from batonq.rings import OBSERVER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
+from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES
 from batonq.service.state import client_of
 
-router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Observer = Annotated[Principal, Depends(require(OBSERVER))]
 LINEAGE_LIMIT = 200
 TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]

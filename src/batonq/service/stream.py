@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -15,11 +16,13 @@ from batonq.client import AsyncClient
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
-from batonq.service.problems import ERROR_RESPONSES
+from batonq.service.body import JsonRoute
+from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.state import client_of
 
-router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 _CREDIT_POLL_S = 0.25
+_EVENT_ID = re.compile("[0-9]{1,19}")
 READY = ": ready\n\n"
 """The first thing a stream sends: a comment saying the subscription is live."""
 
@@ -78,6 +81,16 @@ async def _deliver(
         idle = 0.0
 
 
+def _resumed_after(last_event_id: str | None) -> int:
+    """The event number a reconnecting subscriber saw last (0: none)."""
+    if not last_event_id:
+        return 0
+    if not _EVENT_ID.fullmatch(last_event_id):
+        message = "Last-Event-ID: send the id of an event this stream sent (up to 19 digits)"
+        raise ApiError(400, "invalid_argument", message)
+    return int(last_event_id)
+
+
 @router.get(
     "/stream",
     summary="Server-sent events: claimable work, or tasks claimed for you",
@@ -107,8 +120,7 @@ async def stream(
     if claim:
         events = _deliver(client, queue, credit, lease_s, f"sse-key-{principal.key_id}", keepalive_s)
     else:
-        seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
-        events = _announce(client, queue, keepalive_s, seq)
+        events = _announce(client, queue, keepalive_s, _resumed_after(last_event_id))
     return StreamingResponse(
         events,
         media_type="text/event-stream",

@@ -12,10 +12,11 @@ from batonq.operations import task_ref
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
+from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.state import client_of, metrics_of
 
-router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Worker = Annotated[Principal, Depends(require(WORKER))]
 
 
