@@ -18,7 +18,15 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-__all__ = ["MAX_BODY_DEPTH", "MAX_NUMBER_DIGITS", "BodyNotJson", "JsonRoute", "parse"]
+__all__ = [
+    "MAX_BODY_DEPTH",
+    "MAX_LIST_ITEMS",
+    "MAX_NUMBER_DIGITS",
+    "BodyNotJson",
+    "JsonRoute",
+    "TooManyItems",
+    "parse",
+]
 
 MAX_JSON_DEPTH = 64
 """How deep the engine lets a payload, result or error nest."""
@@ -28,6 +36,8 @@ payload is too deep anyway."""
 MAX_NUMBER_DIGITS = 300
 """Digits before a number's decimal point: the engine stores no number of
 1e300 or more."""
+MAX_LIST_ITEMS = 1000
+"""The most items a list body (enqueue, submit) may hold."""
 _LONG_DIGITS = re.compile(f"[0-9]{{{MAX_NUMBER_DIGITS + 1}}}")
 
 
@@ -37,6 +47,14 @@ class BodyNotJson(HTTPException):
 
     def __init__(self, reason: str) -> None:
         super().__init__(400, f"the body is not valid JSON: {reason}")
+
+
+class TooManyItems(HTTPException):
+    """413 too_many_items: a list body over ``MAX_LIST_ITEMS``, refused
+    before any item of it is looked at."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__(413, f"a list of {count} items: send at most {MAX_LIST_ITEMS} per request")
 
 
 def _checked_number(literal: str) -> str:
@@ -89,7 +107,10 @@ def parse(body: bytes) -> Any:
 class _JsonRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = parse(await self.body())
+            value = parse(await self.body())
+            if isinstance(value, list) and len(value) > MAX_LIST_ITEMS:
+                raise TooManyItems(len(value))
+            self._json = value
         return self._json
 
 

@@ -14,7 +14,7 @@ from starlette.routing import Match
 
 from batonq import errors
 from batonq.operations import task_ref
-from batonq.service.body import BodyNotJson
+from batonq.service.body import BodyNotJson, TooManyItems
 from batonq.service.schemas import ErrorOut
 
 __all__ = ["ERROR_RESPONSES", "ApiError", "body", "install"]
@@ -154,6 +154,8 @@ async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
     if isinstance(error, BodyNotJson):
         return JSONResponse(body("invalid_json", str(error.detail)), 400)
+    if isinstance(error, TooManyItems):
+        return JSONResponse(body("too_many_items", str(error.detail)), 413)
     headers = dict(error.headers or {})
     if error.status_code == 405:
         # Starlette names only the first matching route's methods; a path may have several routes.

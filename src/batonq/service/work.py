@@ -12,12 +12,14 @@ from batonq.operations import task_ref
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
-from batonq.service.body import JsonRoute
+from batonq.service.body import MAX_LIST_ITEMS, JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
-from batonq.service.state import client_of, metrics_of
+from batonq.service.state import client_of, metrics_of, open_per_key
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Worker = Annotated[Principal, Depends(require(WORKER))]
+MAX_QUEUES_PER_ENQUEUE = 100
+"""The most queues one list enqueue may name (each new one is created)."""
 
 
 
@@ -49,6 +51,10 @@ async def enqueue(
     items = body if isinstance(body, list) else [body]
     for item in items:
         principal.check_queue(item.queue)
+    queues = len({item.queue for item in items})
+    if queues > MAX_QUEUES_PER_ENQUEUE:
+        message = f"a list that names {queues} queues: send at most {MAX_QUEUES_PER_ENQUEUE} per request"
+        raise ApiError(413, "too_many_queues", message)
     if not isinstance(body, list):
         created = await client.enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
@@ -79,10 +85,15 @@ async def claim(request: Request, body: s.ClaimIn, principal: Worker) -> s.Claim
     later write about it must present. With `wait_s`, an empty queue is
     long-polled; the reply is `{"tasks": []}` if nothing came."""
     principal.check_queue(body.queue)
-    leases = await client_of(request).claim(
-        body.queue, max_tasks=body.max_tasks, lease_s=body.lease_s, wait_s=body.wait_s,
-        worker=body.worker or f"key-{principal.key_id}",
-    )  # fmt: skip
+    release = open_per_key(request).hold(principal.key_id) if body.wait_s > 0 else None
+    try:
+        leases = await client_of(request).claim(
+            body.queue, max_tasks=body.max_tasks, lease_s=body.lease_s, wait_s=body.wait_s,
+            worker=body.worker or f"key-{principal.key_id}",
+        )  # fmt: skip
+    finally:
+        if release is not None:
+            release()
     metrics_of(request).claims.labels(body.queue).inc(len(leases))
     return s.ClaimOut(tasks=[s.ClaimedTask.of(lease) for lease in leases])
 
@@ -114,7 +125,9 @@ async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) ->
     },
 )
 async def submit(
-    request: Request, body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, 1000)], principal: Worker
+    request: Request,
+    body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, MAX_LIST_ITEMS)],
+    principal: Worker,
 ) -> s.SubmitOut | s.SubmitManyOut:
     """A repeat of an accepted submit returns the first outcome with `replayed: true`.
 
