@@ -139,3 +139,29 @@ def test_a_key_holds_a_bounded_number_of_streams_and_long_polls(serve: Serve) ->
     finally:
         for stream in streams:
             stream.close()
+
+
+def test_a_worker_key_creates_a_bounded_number_of_queues(serve: Serve) -> None:
+    server: LiveServer = serve("--new-queues-per-key", "3")
+    assert server.admin_key
+    with server.http(server.admin_key) as admin:
+        _, key = new_key(admin, 2)
+        enqueue(admin, "made:by-admin", 0)
+        with server.http(key) as http:
+            for name in ("made:1", "made:2", "made:1", "made:3", "made:by-admin"):
+                enqueue(http, name, 1)
+            both = [{"queue": "made:4", "payload": 1}, {"queue": "made:1", "payload": 2}]
+            refused = http.post("/v1/enqueue", json=both)
+            error = problem(refused, 429, "too_many_new_queues")
+            assert error["message"].startswith("this key may create 3 queues an hour, and has made 3")
+            assert 0 < int(refused.headers["retry-after"]) <= 3600
+            enqueue(http, "made:2", 2)  # existing queues take tasks as before
+        enqueue(admin, "made:by-admin-2", 0)  # rings 0 and 1 create queues freely
+        names = {q["queue"] for q in admin.get("/v1/queues").json()["queues"]}
+    assert {n for n in names if n.startswith("made:")} == {
+        "made:1",
+        "made:2",
+        "made:3",
+        "made:by-admin",
+        "made:by-admin-2",
+    }

@@ -18,8 +18,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import batonq
 from batonq.client import AsyncClient
 from batonq.service import admin, discovery, problems, reads, stream, work
+from batonq.service.limits import (
+    DEFAULT_MAX_STREAMS_PER_KEY,
+    DEFAULT_NEW_QUEUES_PER_HOUR,
+    NewQueues,
+    OpenPerKey,
+)
 from batonq.service.metrics import Metrics
-from batonq.service.streams import DEFAULT_MAX_STREAMS_PER_KEY, OpenPerKey, PendingCounts
+from batonq.service.streams import PendingCounts
 
 __all__ = ["create_app"]
 
@@ -124,6 +130,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keepalive_s: float = 15.0,
     max_streams_per_key: int = DEFAULT_MAX_STREAMS_PER_KEY,
+    new_queues_per_hour: int = DEFAULT_NEW_QUEUES_PER_HOUR,
     sweeper: bool = True,
     client_options: dict[str, Any] | None = None,
 ) -> FastAPI:
@@ -135,6 +142,7 @@ def create_app(
         async with await AsyncClient(dsn, **options).open() as client:
             app.state.client = client
             app.state.pending_counts = PendingCounts(client, reuse_s=keepalive_s)
+            app.state.new_queues = NewQueues(client, new_queues_per_hour)
             yield
 
     app = FastAPI(

@@ -70,8 +70,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (403, "forbidden: the key's ring or queue scopes do not allow this"),
         (404, "task_not_found and the like (a task outside the key's scopes does not exist)"),
         (409, "lease_lost, invalid_state or graph_cycle"),
-        (413, "request_too_large (the whole body) or payload_too_large (a payload, result or error)"),
+        (413, "request_too_large (the whole body), payload_too_large (a payload, result or error),"
+              " too_many_items (a list over 1,000) or too_many_queues (a list enqueue over 100 queues)"),
         (422, "invalid_request: the body or a parameter does not match the schema"),
+        (429, "too_many_streams (streams and long-polls open) or too_many_new_queues; see Retry-After"),
     )
 }
 """The error answers every /v1 operation may give, for /openapi.json."""

@@ -10,9 +10,9 @@ from batonq.client import AsyncClient
 from batonq.service.metrics import Metrics
 
 if TYPE_CHECKING:
-    from batonq.service.streams import OpenPerKey
+    from batonq.service.limits import NewQueues, OpenPerKey
 
-__all__ = ["client_of", "metrics_of", "open_per_key"]
+__all__ = ["client_of", "metrics_of", "new_queues", "open_per_key"]
 
 
 def client_of(request: Request) -> AsyncClient:
@@ -29,3 +29,9 @@ def open_per_key(request: Request) -> OpenPerKey:
     """The streams and long-poll claims each key has open in this process."""
     counter: OpenPerKey = request.app.state.open_per_key
     return counter
+
+
+def new_queues(request: Request) -> NewQueues:
+    """The queues each key has created lately, through this process."""
+    made: NewQueues = request.app.state.new_queues
+    return made

@@ -1,12 +1,11 @@
-"""Per-process bounds on what stays open: streams and long-polls per key,
-and one count of a queue shared by every announce stream woken for it."""
+"""Event streams: a response that says when it ends, and one count of a
+queue shared by every announce stream of the process woken for it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,47 +13,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from batonq.client import AsyncClient
-from batonq.service.problems import ApiError
 
-__all__ = ["DEFAULT_MAX_STREAMS_PER_KEY", "HeldStream", "OpenPerKey", "PendingCounts"]
-
-DEFAULT_MAX_STREAMS_PER_KEY = 100
-RETRY_AFTER_S = 5
-
-
-class OpenPerKey:
-    """At most ``limit`` streams and long-poll claims open at once per key,
-    in this process; one more is refused with 429 and Retry-After."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._open: Counter[int] = Counter()
-
-    def hold(self, key_id: int) -> Callable[[], None]:
-        """Count one more open for ``key_id``; call what it returns (once or
-        more) when it closes."""
-        if self._open[key_id] >= self.limit:
-            raise ApiError(
-                429, "too_many_streams",
-                f"this key has {self.limit} streams and long-poll claims open, the most it may: "
-                "close one, or retry later",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )  # fmt: skip
-        self._open[key_id] += 1
-        held = True
-
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                self._open[key_id] -= 1
-                if self._open[key_id] <= 0:
-                    del self._open[key_id]
-
-        return release
-
-    def count(self, key_id: int) -> int:
-        return self._open[key_id]
+__all__ = ["HeldStream", "PendingCounts"]
 
 
 class HeldStream(StreamingResponse):

@@ -14,7 +14,7 @@ from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
 from batonq.service.body import MAX_LIST_ITEMS, JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
-from batonq.service.state import client_of, metrics_of, open_per_key
+from batonq.service.state import client_of, metrics_of, new_queues, open_per_key
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Worker = Annotated[Principal, Depends(require(WORKER))]
@@ -55,6 +55,7 @@ async def enqueue(
     if queues > MAX_QUEUES_PER_ENQUEUE:
         message = f"a list that names {queues} queues: send at most {MAX_QUEUES_PER_ENQUEUE} per request"
         raise ApiError(413, "too_many_queues", message)
+    await new_queues(request).check(principal, {item.queue for item in items})
     if not isinstance(body, list):
         created = await client.enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
