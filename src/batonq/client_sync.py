@@ -354,9 +354,19 @@ class Client:
         """The newest tasks of a queue, optionally in one state."""
         return self._run(operations.tasks(queue, state=state, limit=limit, before_id=before_id))
 
-    def queues(self, queue: str | None = None) -> list[QueueStats]:
-        """Counts per state and oldest claimable age, per queue."""
-        return self._run(operations.queues(queue))
+    def queues(
+        self,
+        queue: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        patterns: Sequence[str] | None = None,
+    ) -> list[QueueStats]:
+        """Counts per state and oldest claimable age, per queue (by name).
+
+        A page: the first ``limit`` queues named after ``after`` that match
+        one of ``patterns`` (anchored POSIX regular expressions)."""
+        return self._run(operations.queues(queue, after=after, limit=limit, patterns=patterns))
 
     def queue_configs(self) -> list[QueueConfig]:
         return self._run(operations.queue_configs())

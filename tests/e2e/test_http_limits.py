@@ -165,3 +165,29 @@ def test_a_worker_key_creates_a_bounded_number_of_queues(serve: Serve) -> None:
         "made:by-admin",
         "made:by-admin-2",
     }
+
+
+def test_queues_come_a_page_at_a_time_within_the_keys_scopes(serve: Serve) -> None:
+    server: LiveServer = serve()
+    assert server.admin_key
+    with server.http(server.admin_key) as admin:
+        names = [f"page:a{i}" for i in range(5)] + ["page:b0", "page:b1"]
+        assert admin.post("/v1/enqueue", json=[{"queue": n, "payload": 1} for n in names]).status_code == 200
+        _, observer = new_key(admin, 3, ["page:a*", "page:b[1]"])
+
+        def pages(http: httpx.Client, limit: int) -> list[list[str]]:
+            found, cursor = [], None
+            while True:
+                params: dict[str, Any] = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+                page = http.get("/v1/queues", params=params).json()
+                found.append([q["queue"] for q in page["queues"]])
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    return found
+
+        assert pages(admin, 3) == [names[:3], names[3:6], names[6:]]
+        assert pages(admin, 1000) == [names]
+        with server.http(observer) as scoped:
+            assert pages(scoped, 2) == [names[:2], names[2:4], [names[4], "page:b1"], []]
+            assert pages(scoped, 1) == [[n] for n in [*names[:5], "page:b1"]] + [[]]
+            problem(scoped.get("/v1/queues", params={"limit": 1001}), 422, "invalid_request")

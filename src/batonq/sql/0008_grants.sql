@@ -9,7 +9,7 @@ REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     batonq.get_task(bigint),
     batonq.list_tasks(text, text, integer, bigint),
-    batonq.queue_stats(text),
+    batonq.queue_stats(text, text, integer, text[]),
     batonq.list_queues(),
     batonq.await_work(text, double precision)
 TO batonq_reader;
