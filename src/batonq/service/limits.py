@@ -54,9 +54,6 @@ class OpenPerKey:
 
         return release
 
-    def count(self, key_id: int) -> int:
-        return self._open[key_id]
-
 
 class NewQueues:
     """At most ``per_hour`` new queues per key and hour, in this process, for
