@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import socket
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -60,6 +61,19 @@ _AWAIT_MARGIN_S = 1.0
 # fails to load.
 _ADAPTERS = AdaptersMap(psycopg.adapters)
 set_json_loads(operations.load_json, _ADAPTERS)
+
+
+def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:
+    """Whether anything arrived on ``conn`` while it sat idle in the pool.
+    Nothing should: what does is most likely the server's goodbye (it
+    restarted, failed over or ended the session). A look at the socket,
+    no round trip."""
+    fd = conn.pgconn.socket
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # Windows: no poll
 
 
 def _default_worker() -> str:
@@ -137,7 +151,25 @@ class AsyncClient:
 
         Pass it as ``conn=`` to enqueue atomically with your own writes.
         """
-        async with self._pool.connection() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection from the pool that the server has not closed.
+
+        A server that restarted or failed over closed every connection the
+        pool holds. The first one taken is seen to be closed before anything
+        is sent on it (so nothing can have run twice); then the pool checks
+        all of its idle connections (a round trip each), replacing the
+        closed ones, and the call goes on with a fresh one instead of
+        failing."""
+        async with self._pool.connection() as conn:
+            if not _heard_while_idle(conn):
+                yield conn
+                return
+        await self._pool.check()
+        async with self._pool.connection() as conn:
             yield conn
 
     async def _run(self, call: Call[T], conn: psycopg.AsyncConnection[Any] | None = None) -> T:
@@ -161,7 +193,7 @@ class AsyncClient:
 
     async def _pooled(self, call: Call[T]) -> operations.Rows:
         """One round trip on a connection from the pool."""
-        async with self._pool.connection() as pooled:
+        async with self._connection() as pooled:
             cursor = await pooled.execute(call.sql, call.params)
             return await cursor.fetchall()
 
@@ -353,9 +385,19 @@ class AsyncClient:
         """The newest tasks of a queue, optionally in one state."""
         return await self._run(operations.tasks(queue, state=state, limit=limit, before_id=before_id))
 
-    async def queues(self, queue: str | None = None) -> list[QueueStats]:
-        """Counts per state and oldest claimable age, per queue."""
-        return await self._run(operations.queues(queue))
+    async def queues(
+        self,
+        queue: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        patterns: Sequence[str] | None = None,
+    ) -> list[QueueStats]:
+        """Counts per state and oldest claimable age, per queue (by name).
+
+        A page: the first ``limit`` queues named after ``after`` that match
+        one of ``patterns`` (anchored POSIX regular expressions)."""
+        return await self._run(operations.queues(queue, after=after, limit=limit, patterns=patterns))
 
     async def queue_configs(self) -> list[QueueConfig]:
         return await self._run(operations.queue_configs())

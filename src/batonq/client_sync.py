@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator, Sequence
@@ -58,6 +59,19 @@ _AWAIT_MARGIN_S = 1.0
 # fails to load.
 _ADAPTERS = AdaptersMap(psycopg.adapters)
 set_json_loads(operations.load_json, _ADAPTERS)
+
+
+def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:
+    """Whether anything arrived on ``conn`` while it sat idle in the pool.
+    Nothing should: what does is most likely the server's goodbye (it
+    restarted, failed over or ended the session). A look at the socket,
+    no round trip."""
+    fd = conn.pgconn.socket
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # Windows: no poll
 
 
 def _default_worker() -> str:
@@ -135,7 +149,25 @@ class Client:
 
         Pass it as ``conn=`` to enqueue atomically with your own writes.
         """
-        with self._pool.connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
+            yield conn
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection from the pool that the server has not closed.
+
+        A server that restarted or failed over closed every connection the
+        pool holds. The first one taken is seen to be closed before anything
+        is sent on it (so nothing can have run twice); then the pool checks
+        all of its idle connections (a round trip each), replacing the
+        closed ones, and the call goes on with a fresh one instead of
+        failing."""
+        with self._pool.connection() as conn:
+            if not _heard_while_idle(conn):
+                yield conn
+                return
+        self._pool.check()
+        with self._pool.connection() as conn:
             yield conn
 
     def _run(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
@@ -159,7 +191,7 @@ class Client:
 
     def _pooled(self, call: Call[T]) -> operations.Rows:
         """One round trip on a connection from the pool."""
-        with self._pool.connection() as pooled:
+        with self._connection() as pooled:
             cursor = pooled.execute(call.sql, call.params)
             return cursor.fetchall()
 
@@ -351,9 +383,19 @@ class Client:
         """The newest tasks of a queue, optionally in one state."""
         return self._run(operations.tasks(queue, state=state, limit=limit, before_id=before_id))
 
-    def queues(self, queue: str | None = None) -> list[QueueStats]:
-        """Counts per state and oldest claimable age, per queue."""
-        return self._run(operations.queues(queue))
+    def queues(
+        self,
+        queue: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        patterns: Sequence[str] | None = None,
+    ) -> list[QueueStats]:
+        """Counts per state and oldest claimable age, per queue (by name).
+
+        A page: the first ``limit`` queues named after ``after`` that match
+        one of ``patterns`` (anchored POSIX regular expressions)."""
+        return self._run(operations.queues(queue, after=after, limit=limit, patterns=patterns))
 
     def queue_configs(self) -> list[QueueConfig]:
         return self._run(operations.queue_configs())

@@ -303,8 +303,18 @@ def tasks(
     )
 
 
-def queues(queue: str | None = None) -> Call[list[QueueStats]]:
-    return Call("SELECT * FROM batonq.queue_stats(%s)", (queue,), _all(QueueStats))
+def queues(
+    queue: str | None = None,
+    *,
+    after: str | None = None,
+    limit: int | None = None,
+    patterns: Sequence[str] | None = None,
+) -> Call[list[QueueStats]]:
+    return Call(
+        "SELECT * FROM batonq.queue_stats(%s, %s, %s, %s::text[])",
+        (queue, after, limit, None if patterns is None else list(patterns)),
+        _all(QueueStats),
+    )
 
 
 def queue_configs() -> Call[list[QueueConfig]]:

@@ -225,6 +225,37 @@ def test_malformed_requests_are_400_with_a_code_of_their_own(shared_http: httpx.
     )
 
 
+def test_a_body_that_is_not_utf8_json_is_400_saying_what_is_wrong(shared_http: httpx.Client) -> None:
+    utf16 = json.dumps({"queue": "body:q", "payload": 1}).encode("utf-16-le")
+    error = problem(shared_http.post("/v1/enqueue", content=utf16), 400, "invalid_json")
+    assert "not UTF-8" in error["message"], error
+    error = problem(shared_http.post("/v1/enqueue", content=b"\xff\xfe{}"), 400, "invalid_json")
+    assert error["message"] == "the body is not valid JSON: it is not UTF-8 (byte 0 is 0xff)"
+
+    deep = b'{"queue": "body:q", "payload": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    error = problem(shared_http.post("/v1/enqueue", content=deep), 400, "invalid_json")
+    assert error["message"] == "the body is not valid JSON: it nests deeper than 66 levels"
+    deep = b'{"queue": "body:q", "payload": ' + b"[" * 100 + b"]" * 100 + b"}"
+    error = problem(shared_http.post("/v1/enqueue", content=deep), 400, "invalid_json")
+    assert error["message"] == "the body is not valid JSON: it nests deeper than 66 levels"
+
+    for number in (b"9" * 5000, b"-" + b"1" * 301, b"1" * 301 + b".5", b"1" * 301 + b"e2"):
+        body = b'{"queue": "body:q", "payload": {"n": ' + number + b"}}"
+        error = problem(shared_http.post("/v1/enqueue", content=body), 400, "invalid_json")
+        assert error["message"] == "the body is not valid JSON: a number has more than 300 digits", number
+
+    # What is refused above is refused for what it is, not for long digits or depth as such.
+    long_string = {"queue": "body:q", "payload": {"digits": "7" * 5000, "n": 10**299, "x": 1.5}}
+    assert shared_http.post("/v1/enqueue", json=long_string).status_code == 200
+    nested: object = 1
+    for _ in range(64):
+        nested = [nested]
+    response = shared_http.post("/v1/enqueue", json=[{"queue": "body:q", "payload": nested}])
+    assert response.status_code == 200, response.text
+    stored = shared_http.get("/v1/tasks", params={"queue": "body:q"}).json()["tasks"]
+    assert [t["payload"] for t in stored] == [nested, long_string["payload"]]
+
+
 def test_a_wrong_method_names_every_allowed_one(shared_http: httpx.Client) -> None:
     response = shared_http.put("/v1/keys")
     problem(response, 405, "method_not_allowed")

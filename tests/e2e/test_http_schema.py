@@ -26,6 +26,9 @@ CONFIG = """\
 # the run itself may lower) are answers about the values, not the schema.
 [checks.positive_data_acceptance]
 expected-statuses = ["2xx", "400", "401", "403", "404", "409", "413"]
+# A list over 1,000 items is refused with 413 before its items are read.
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429"]
 """
 
 

@@ -72,6 +72,13 @@ def test_keep_alive_comments_and_last_event_id(server: LiveServer, http: httpx.C
         resumed.close()
 
 
+def test_a_last_event_id_that_no_stream_sent_is_400(http: httpx.Client) -> None:
+    for sent in (b"7" * 5000, b"\xb2", b"4\xc3\xa9", b"-1", b"1.5"):
+        response = http.get("/v1/stream?queue=sse:bad-id", headers={"Last-Event-ID": sent})
+        error = problem(response, 400, "invalid_argument")
+        assert error["message"].startswith("Last-Event-ID: "), error
+
+
 def test_claim_true_hands_each_task_to_exactly_one_of_4_subscribers(
     server: LiveServer, http: httpx.Client, sql: psycopg.Connection[Any]
 ) -> None:

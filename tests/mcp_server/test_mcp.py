@@ -4,6 +4,7 @@ processes) and streamable HTTP (a ``batonq serve`` process), on real PostgreSQL.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import threading
 import time
@@ -332,3 +333,62 @@ async def test_stdio_with_a_key_takes_its_ring_and_queues(admin_dsn: str) -> Non
     assert refusal.returncode == 1
     assert refusal.stdout == ""
     assert refusal.stderr == "error: unauthorized: invalid or revoked API key\n"
+
+
+async def test_a_nul_character_is_refused_naming_the_field(target: Target) -> None:
+    async with target.session() as session:
+        for field, arguments in (
+            ("payload", {"payload": {"note": "a\u0000b"}}),
+            ("payload", {"payload": {"key\u0000": 1}}),
+            ("idempotency_key", {"payload": 1, "idempotency_key": "k\u0000"}),
+        ):
+            message = await refused(session, "batonq_enqueue", queue="nul", **arguments)
+            assert f"invalid_argument: {field} contains a NUL character" in message, message
+        await call(session, "batonq_enqueue", queue="nul", payload=1)
+        claimed = await call(session, "batonq_claim", queue="nul")
+        token = claimed["task"]["lease_token"]
+        message = await refused(session, "batonq_heartbeat", lease_token=token, stage="step\u00001")
+        assert "invalid_argument: stage contains a NUL character" in message, message
+        message = await refused(session, "batonq_complete", lease_token=token, result=["\u0000"])
+        assert "invalid_argument: result contains a NUL character" in message, message
+        message = await refused(session, "batonq_fail", lease_token=token, error="\u0000")
+        assert "invalid_argument: error contains a NUL character" in message, message
+        # Nothing was written: the task is still leased, and completes as usual.
+        assert (await call(session, "batonq_complete", lease_token=token, result="ok"))["state"] == "done"
+
+
+def test_stdio_answers_a_line_that_is_not_json_rpc_and_serves_on(dsn: str) -> None:
+    process = subprocess.Popen(
+        [BATONQ, "--dsn", dsn, "mcp"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stdout or ()), daemon=True)
+    reader.start()
+
+    def replies(count: int) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + 30
+        while len(lines) < count and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.05)
+        assert len(lines) >= count, (lines, process.poll())
+        return [json.loads(line) for line in lines[:count]]
+
+    try:
+        client = {"name": "t", "version": "1"}
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+        unreadable = ("this is not json", '{"jsonrpc": "2.0", "hello": 1}', "\u0000\ufffd{")
+        for line in (*unreadable, json.dumps(initialize)):
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+        garbage, no_message, binary, answer = replies(4)
+        assert garbage["jsonrpc"] == "2.0" and garbage["id"] is None and garbage["error"]["code"] == -32700
+        assert no_message["error"]["code"] == -32600 and no_message["id"] is None
+        assert binary["error"]["code"] == -32700
+        assert answer["id"] == 1 and answer["result"]["serverInfo"]["name"] == "batonq"
+    finally:
+        process.stdin.close()
+        process.wait(timeout=30)
+        reader.join(timeout=10)
+        process.stdout.close()

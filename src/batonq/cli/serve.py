@@ -27,11 +27,32 @@ __all__ = ["serve"]
     type=click.FloatRange(0.1, 300),
     help="Seconds between keep-alive comments on an idle /v1/stream.",
 )
+@click.option(
+    "--max-streams-per-key",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Streams and long-poll claims one key may hold open at once (per process); more get 429.",
+)
+@click.option(
+    "--new-queues-per-key",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Queues a key below ring 1 may create (by enqueueing) per hour, per process; more get 429.",
+)
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 @click.pass_context
 def serve(
-    ctx: click.Context, host: str, port: int, max_body_bytes: int, keepalive_s: float, log_level: str
+    ctx: click.Context,
+    host: str,
+    port: int,
+    max_body_bytes: int,
+    keepalive_s: float,
+    max_streams_per_key: int,
+    new_queues_per_key: int,
+    log_level: str,
 ) -> None:
     """Run the HTTP API (/v1), with a sweeper, on the embedded database by default.
 
@@ -57,5 +78,8 @@ def serve(
             "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
             err=True,
         )
-    app = create_app(dsn, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s)
+    app = create_app(
+        dsn, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, max_streams_per_key=max_streams_per_key,
+        new_queues_per_hour=new_queues_per_key,
+    )  # fmt: skip
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -8,12 +8,16 @@ import os
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
+import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.prompts.base import Prompt
-from mcp_types import CallToolResult
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError
+from pydantic import ValidationError
 
 import batonq
 from batonq.client import AsyncClient
@@ -136,8 +140,60 @@ async def stdio_access(client: AsyncClient, *, read_only: bool, key: str | None)
     return access.read_only() if read_only else access
 
 
+class _AnsweringUnreadable:
+    """The stdin side of ``stdio_server``, where each line that is not a
+    JSON-RPC message (the SDK passes it on as an exception, which would be
+    dropped without a word) is answered with a JSON-RPC error instead: -32700
+    for text that is not JSON, -32600 for JSON that is no message. The
+    server reads on."""
+
+    def __init__(self, inner: Any, outbound: Any) -> None:
+        self._inner, self._outbound = inner, outbound
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage:
+        while True:
+            item = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return cast(SessionMessage, item)
+            await self._outbound.send(SessionMessage(_refusal(item)))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _AnsweringUnreadable:
+        return self
+
+    async def __anext__(self) -> SessionMessage:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _AnsweringUnreadable:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+
+def _refusal(error: Exception) -> JSONRPCError:
+    not_json = isinstance(error, ValidationError) and any(e["type"] == "json_invalid" for e in error.errors())
+    if not_json:
+        data = ErrorData(code=PARSE_ERROR, message="Parse error: the line is not JSON")
+    else:
+        data = ErrorData(code=INVALID_REQUEST, message="Invalid Request: the line is not a JSON-RPC message")
+    return JSONRPCError(jsonrpc="2.0", id=None, error=data)
+
+
 async def serve_stdio(dsn: str, *, read_only: bool = False, key: str | None = None) -> None:
     """Serve MCP on stdin/stdout until the client closes them."""
     async with await AsyncClient(dsn, max_connections=5).open() as client:
         access = await stdio_access(client, read_only=read_only, key=key)
-        await build_server(access).run_stdio_async()
+        lowlevel = build_server(access)._lowlevel_server  # run_stdio_async, with unreadable lines answered
+        async with stdio_server() as (read_stream, write_stream):
+            inbound = _AnsweringUnreadable(read_stream, write_stream)
+            await lowlevel.run(inbound, write_stream, lowlevel.create_initialization_options())

@@ -185,6 +185,30 @@ def _as_tool_errors() -> Iterator[None]:
         raise ToolError(f"{error.code}: {error.message}") from error
     except psycopg.OperationalError as error:
         raise ToolError("database_unavailable: the queue's database did not answer; retry shortly") from error
+    except psycopg.DataError as error:
+        message = error.diag.message_primary or str(error)
+        raise ToolError(f"invalid_argument: the database refused a value: {message}") from error
+    except UnicodeEncodeError as error:
+        raise ToolError(f"invalid_argument: text that is not valid Unicode: {error.reason}") from error
+
+
+def _storable(**fields: Any) -> None:
+    """Refuse a NUL character, naming the field: PostgreSQL stores none in
+    text or JSON, and would refuse it without saying where it was."""
+    for name, value in fields.items():
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str) and "\x00" in item:
+                raise ToolError(
+                    f"invalid_argument: {name} contains a NUL character (\\u0000), which cannot be stored; "
+                    "remove it, or encode binary data (base64, say)"
+                )
+            if isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
 
 
 def _token_queue(access: Access, lease_token: str) -> None:
@@ -225,6 +249,7 @@ async def _enqueue(
 ) -> Enqueued:
     access.check_write(tool)
     access.check_queue(queue)
+    _storable(payload=payload, idempotency_key=idempotency_key, parent=parent)
     with _as_tool_errors():
         if parent is not None:
             await visible_task(access.client, access, parent)
@@ -269,6 +294,7 @@ async def batonq_heartbeat(
     access = access_of(ctx)
     access.check_write("batonq_heartbeat")
     _token_queue(access, lease_token)
+    _storable(lease_token=lease_token, stage=stage)
     with _as_tool_errors():
         beat = await access.client.heartbeat(lease_token, lease_s=lease_seconds, stage=stage)
     return SubmitOut.of(beat)
@@ -282,6 +308,7 @@ async def batonq_complete(
     access = access_of(ctx)
     access.check_write("batonq_complete")
     _token_queue(access, lease_token)
+    _storable(lease_token=lease_token, result=result)
     with _as_tool_errors():
         done = await access.client.complete(lease_token, result)
     return SubmitOut.of(done)
@@ -308,6 +335,7 @@ async def batonq_fail(
     access = access_of(ctx)
     access.check_write("batonq_fail")
     _token_queue(access, lease_token)
+    _storable(lease_token=lease_token, error=error)
     with _as_tool_errors():
         failed = await access.client.fail(
             lease_token, error, retry_delay_s=retry_delay_seconds, requeue=requeue

@@ -9,11 +9,12 @@ from fastapi import APIRouter, Depends, Path, Request
 from batonq.rings import ADMIN, OPERATOR
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
+from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.reads import TaskId, visible_task
 from batonq.service.state import client_of
 
-router = APIRouter(prefix="/v1", tags=["operate"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["operate"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Operator = Annotated[Principal, Depends(require(OPERATOR))]
 Admin = Annotated[Principal, Depends(require(ADMIN))]
 KeyId = Annotated[int, Path(ge=1, le=s.MAX_ID)]

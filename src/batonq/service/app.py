@@ -18,7 +18,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import batonq
 from batonq.client import AsyncClient
 from batonq.service import admin, discovery, problems, reads, stream, work
+from batonq.service.limits import (
+    DEFAULT_MAX_STREAMS_PER_KEY,
+    DEFAULT_NEW_QUEUES_PER_HOUR,
+    NewQueues,
+    OpenPerKey,
+)
 from batonq.service.metrics import Metrics
+from batonq.service.streams import PendingCounts
 
 __all__ = ["create_app"]
 
@@ -122,6 +129,8 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     keepalive_s: float = 15.0,
+    max_streams_per_key: int = DEFAULT_MAX_STREAMS_PER_KEY,
+    new_queues_per_hour: int = DEFAULT_NEW_QUEUES_PER_HOUR,
     sweeper: bool = True,
     client_options: dict[str, Any] | None = None,
 ) -> FastAPI:
@@ -132,6 +141,8 @@ def create_app(
         options = {"max_connections": 20, "sweeper": sweeper, **(client_options or {})}
         async with await AsyncClient(dsn, **options).open() as client:
             app.state.client = client
+            app.state.pending_counts = PendingCounts(client, reuse_s=keepalive_s)
+            app.state.new_queues = NewQueues(client, new_queues_per_hour)
             yield
 
     app = FastAPI(
@@ -145,6 +156,7 @@ def create_app(
     metrics = Metrics()
     app.state.metrics = metrics
     app.state.keepalive_s = keepalive_s
+    app.state.open_per_key = OpenPerKey(max_streams_per_key)
     problems.install(app)
     for module in (work, stream, reads, admin, discovery):
         app.include_router(module.router)

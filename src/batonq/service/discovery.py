@@ -111,7 +111,5 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    client = client_of(request)
-    registry = metrics_of(request)
-    payload = registry.render(await client.queues(), client.swept)
+    payload = await metrics_of(request).scrape(client_of(request))
     return Response(payload, media_type="text/plain; version=0.0.4")

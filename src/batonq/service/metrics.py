@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from batonq.client import AsyncClient
 from batonq.errors import LeaseLost
 from batonq.models import QueueStats
 
 __all__ = ["Metrics"]
 
+SCRAPE_EVERY_S = 5.0
+"""/metrics is rendered at most this often: one count of every queue in that
+time, however many scrape it."""
 _STATES = ("waiting", "held", "pending", "scheduled", "leased", "done", "dead", "cancelled")
 
 
@@ -40,6 +46,8 @@ class Metrics:
         )
         # The sweeper counts its expiries itself; the counter catches up with it at each scrape.
         self._swept_seen = 0
+        self._scraped: tuple[float, bytes] | None = None  # (time.monotonic(), the exposition)
+        self._scraping = asyncio.Lock()
         self.latency = Histogram(
             "batonq_http_request_duration_seconds", "HTTP request latency", ["method", "route", "status"],
             registry=self.registry,
@@ -53,6 +61,14 @@ class Metrics:
         except LeaseLost:
             self.refused.labels(queue).inc()
             raise
+
+    async def scrape(self, client: AsyncClient) -> bytes:
+        """The exposition, rendered anew only when the last is
+        ``SCRAPE_EVERY_S`` old: scrapers at the same time share one render."""
+        async with self._scraping:
+            if self._scraped is None or time.monotonic() - self._scraped[0] >= SCRAPE_EVERY_S:
+                self._scraped = (time.monotonic(), self.render(await client.queues(), client.swept))
+            return self._scraped[1]
 
     def render(self, stats: list[QueueStats], swept: int) -> bytes:
         for q in stats:

@@ -14,6 +14,7 @@ from starlette.routing import Match
 
 from batonq import errors
 from batonq.operations import task_ref
+from batonq.service.body import BodyNotJson, TooManyItems
 from batonq.service.schemas import ErrorOut
 
 __all__ = ["ERROR_RESPONSES", "ApiError", "body", "install"]
@@ -60,7 +61,6 @@ def _detail(error: errors.BatonqError) -> dict[str, Any]:
 
 
 _QUEUE_FIELDS = frozenset({"queue", "from_queue", "to_queue"})
-_UNPARSABLE = "There was an error parsing the body"
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorOut, "description": description}
@@ -74,8 +74,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (403, "forbidden: the key's ring or queue scopes do not allow this"),
         (404, "task_not_found and the like (a task outside the key's scopes does not exist)"),
         (409, "lease_lost, invalid_state or graph_cycle"),
-        (413, "request_too_large (the whole body) or payload_too_large (a payload, result or error)"),
+        (413, "request_too_large (the whole body), payload_too_large (a payload, result or error),"
+              " too_many_items (a list over 1,000) or too_many_queues (a list enqueue over 100 queues)"),
         (422, "invalid_request: the body or a parameter does not match the schema"),
+        (429, "too_many_streams (streams and long-polls open) or too_many_new_queues; see Retry-After"),
     )
 }
 """The error answers every /v1 operation may give, for /openapi.json."""
@@ -166,8 +168,10 @@ def _methods(request: Request) -> list[str]:
 
 async def _http_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, HTTPException)
-    if error.status_code == 400 and error.detail == _UNPARSABLE:
-        return JSONResponse(body("invalid_json", "the body is not valid JSON (nor UTF-8)"), 400)
+    if isinstance(error, BodyNotJson):
+        return JSONResponse(body("invalid_json", str(error.detail)), 400)
+    if isinstance(error, TooManyItems):
+        return JSONResponse(body("too_many_items", str(error.detail)), 413)
     headers = dict(error.headers or {})
     if error.status_code == 405:
         # Starlette names only the first matching route's methods; a path may have several routes.

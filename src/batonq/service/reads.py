@@ -9,17 +9,20 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from batonq import operations
 from batonq.client import AsyncClient
 from batonq.errors import InvalidArgument, TaskNotFound
-from batonq.models import Task
+from batonq.models import QueueStats, Task
 from batonq.operations import task_ref
-from batonq.rings import OBSERVER
+from batonq.rings import OBSERVER, pattern_regex
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
+from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES
 from batonq.service.state import client_of
 
-router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Observer = Annotated[Principal, Depends(require(OBSERVER))]
 LINEAGE_LIMIT = 200
+QUEUES_PAGE = 1000
+"""The most queues /v1/queues answers with at once."""
 TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 
 
@@ -44,14 +47,30 @@ async def visible_task(client: AsyncClient, principal: Scoped, task_id: int | st
 @router.get(
     "/queues", response_model=s.QueuesOut, summary="Tasks per state and oldest pending age, per queue"
 )
-async def queues(request: Request, principal: Observer) -> s.QueuesOut:
-    stats = await client_of(request).queues()
+async def queues(
+    request: Request,
+    principal: Observer,
+    limit: Annotated[int, Query(ge=1, le=QUEUES_PAGE)] = QUEUES_PAGE,
+    cursor: Annotated[
+        str | None, Query(pattern=s.QUEUE_PATTERN, description="next_cursor of the previous page")
+    ] = None,
+) -> s.QueuesOut:
+    """The key's queues by name, a page at a time: only the page's queues
+    are counted."""
+    patterns = None if "*" in principal.queues else [pattern_regex(p) for p in principal.queues]
+    shown: list[QueueStats] = []
+    after = cursor
+    while True:
+        # The patterns may let through a few names the scopes do not cover
+        # (see pattern_regex): those are left out, and the page filled on.
+        stats = await client_of(request).queues(after=after, limit=limit, patterns=patterns)
+        shown += [q for q in stats if principal.covers(q.queue)][: limit - len(shown)]
+        if len(stats) < limit or len(shown) == limit:
+            break
+        after = stats[-1].queue
     return s.QueuesOut(
-        queues=[
-            s.QueueStatsOut.model_validate(q, from_attributes=True)
-            for q in stats
-            if principal.covers(q.queue)
-        ]
+        queues=[s.QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
+        next_cursor=shown[-1].queue if len(shown) == limit else None,
     )
 
 

@@ -464,6 +464,7 @@ class QueueStatsOut(BaseModel):
 
 class QueuesOut(BaseModel):
     queues: list[QueueStatsOut]
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null at the end")
 
 
 class QueueSettingsIn(Strict):

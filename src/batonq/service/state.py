@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import Request
 
 from batonq.client import AsyncClient
 from batonq.service.metrics import Metrics
 
-__all__ = ["client_of", "metrics_of"]
+if TYPE_CHECKING:
+    from batonq.service.limits import NewQueues, OpenPerKey
+
+__all__ = ["client_of", "metrics_of", "new_queues", "open_per_key"]
 
 
 def client_of(request: Request) -> AsyncClient:
@@ -18,3 +23,15 @@ def client_of(request: Request) -> AsyncClient:
 def metrics_of(request: Request) -> Metrics:
     metrics: Metrics = request.app.state.metrics
     return metrics
+
+
+def open_per_key(request: Request) -> OpenPerKey:
+    """The streams and long-poll claims each key has open in this process."""
+    counter: OpenPerKey = request.app.state.open_per_key
+    return counter
+
+
+def new_queues(request: Request) -> NewQueues:
+    """The queues each key has created lately, through this process."""
+    made: NewQueues = request.app.state.new_queues
+    return made

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -15,11 +16,14 @@ from batonq.client import AsyncClient
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
-from batonq.service.problems import ERROR_RESPONSES
-from batonq.service.state import client_of
+from batonq.service.body import JsonRoute
+from batonq.service.problems import ERROR_RESPONSES, ApiError
+from batonq.service.state import client_of, open_per_key
+from batonq.service.streams import HeldStream, PendingCounts
 
-router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 _CREDIT_POLL_S = 0.25
+_EVENT_ID = re.compile("[0-9]{1,19}")
 READY = ": ready\n\n"
 """The first thing a stream sends: a comment saying the subscription is live."""
 
@@ -29,18 +33,24 @@ def sse(event: str, data: Any, event_id: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {json.dumps(data, default=str)}\n\n"
 
 
-async def _announce(client: AsyncClient, queue: str, keepalive_s: float, seq: int) -> AsyncIterator[str]:
-    async with client.watch(queue) as wake:
-        # Subscribed: from here on no enqueue goes unannounced.
-        yield READY
-        while True:
-            stats = await client.queues(queue)
-            pending = stats[0].pending if stats else 0
-            if pending > 0:
-                seq += 1
-                yield sse("available", {"queue": queue, "pending": pending}, seq)
-            if not await wake.wait(keepalive_s):
-                yield ": keep-alive\n\n"
+async def _announce(
+    client: AsyncClient, counts: PendingCounts, queue: str, keepalive_s: float, seq: int
+) -> AsyncIterator[str]:
+    with counts.watching(queue) as count:
+        async with client.watch(queue) as wake:
+            # Subscribed: from here on no enqueue goes unannounced.
+            yield READY
+            woken = True
+            while True:
+                # Idle, it looks again now and then (a delayed task may have
+                # come due): a count shared with the queue's other streams.
+                pending = await count.pending(fresh=woken)
+                if pending > 0:
+                    seq += 1
+                    yield sse("available", {"queue": queue, "pending": pending}, seq)
+                woken = await wake.wait(keepalive_s)
+                if not woken:
+                    yield ": keep-alive\n\n"
 
 
 async def _still_held(client: AsyncClient, outstanding: dict[int, int]) -> None:
@@ -79,6 +89,16 @@ async def _deliver(
         idle = 0.0
 
 
+def _resumed_after(last_event_id: str | None) -> int:
+    """The event number a reconnecting subscriber saw last (0: none)."""
+    if not last_event_id:
+        return 0
+    if not _EVENT_ID.fullmatch(last_event_id):
+        message = "Last-Event-ID: send the id of an event this stream sent (up to 19 digits)"
+        raise ApiError(400, "invalid_argument", message)
+    return int(last_event_id)
+
+
 @router.get(
     "/stream",
     summary="Server-sent events: claimable work, or tasks claimed for you",
@@ -103,17 +123,21 @@ async def stream(
     The stream opens with a `: ready` comment once it is subscribed (an
     enqueue after it is announced); `: keep-alive` comments keep idle
     connections open. Tasks leased to a
-    dropped connection return when their lease runs out."""
+    dropped connection return when their lease runs out. A key may hold a
+    limited number of streams and long-poll claims open at once (429 with
+    Retry-After past it)."""
     principal.check_queue(queue)
     client = client_of(request)
     keepalive_s: float = request.app.state.keepalive_s
     if claim:
         events = _deliver(client, queue, credit, lease_s, principal.key_id, keepalive_s)
     else:
-        seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else 0
-        events = _announce(client, queue, keepalive_s, seq)
-    return StreamingResponse(
+        seq = _resumed_after(last_event_id)
+        events = _announce(client, request.app.state.pending_counts, queue, keepalive_s, seq)
+    release = open_per_key(request).hold(principal.key_id)
+    return HeldStream(
         events,
+        release,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

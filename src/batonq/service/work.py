@@ -15,12 +15,15 @@ from batonq.operations import task_ref
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
+from batonq.service.body import MAX_LIST_ITEMS, JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.reads import visible_task
-from batonq.service.state import client_of, metrics_of
+from batonq.service.state import client_of, metrics_of, new_queues, open_per_key
 
-router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Worker = Annotated[Principal, Depends(require(WORKER))]
+MAX_QUEUES_PER_ENQUEUE = 100
+"""The most queues one list enqueue may name (each new one is created)."""
 
 
 
@@ -81,6 +84,11 @@ async def enqueue(
     # unknown id, before anything is written.
     for parent_ref in {item.parent for item in items if item.parent is not None}:
         await visible_task(client, principal, parent_ref)
+    queues = len({item.queue for item in items})
+    if queues > MAX_QUEUES_PER_ENQUEUE:
+        message = f"a list that names {queues} queues: send at most {MAX_QUEUES_PER_ENQUEUE} per request"
+        raise ApiError(413, "too_many_queues", message)
+    await new_queues(request).check(principal, {item.queue for item in items})
     if not isinstance(body, list):
         created = await client.enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
@@ -121,10 +129,15 @@ async def claim(
     its `lease_token`, or its `task_id` and `fencing_token` from this key.
     With `wait_s`, an empty queue is long-polled."""
     principal.check_queue(body.queue)
-    leases = await client_of(request).claim(
-        body.queue, max_tasks=body.max_tasks or 1, lease_s=body.lease_s, wait_s=body.wait_s,
-        worker=body.worker or f"key-{principal.key_id}", key_id=principal.key_id,
-    )  # fmt: skip
+    release = open_per_key(request).hold(principal.key_id) if body.wait_s > 0 else None
+    try:
+        leases = await client_of(request).claim(
+            body.queue, max_tasks=body.max_tasks or 1, lease_s=body.lease_s, wait_s=body.wait_s,
+            worker=body.worker or f"key-{principal.key_id}", key_id=principal.key_id,
+        )  # fmt: skip
+    finally:
+        if release is not None:
+            release()
     metrics_of(request).claims.labels(body.queue).inc(len(leases))
     if body.max_tasks is None or body.max_tasks == 1:
         return s.ClaimedTask.of(leases[0]) if leases else s.NO_TASK
@@ -158,7 +171,9 @@ async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) ->
     },
 )
 async def submit(
-    request: Request, body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, 1000)], principal: Worker
+    request: Request,
+    body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, MAX_LIST_ITEMS)],
+    principal: Worker,
 ) -> s.SubmitOut | s.SubmitManyOut:
     """Name the lease by `lease_token`, or by `task_id` and `fencing_token`
     (accepted from the key that claimed it). A repeat of an accepted submit

@@ -120,8 +120,12 @@ BEGIN ATOMIC
 END;
 
 -- Per queue: its settings, how many tasks are in each state, and the age of
--- the oldest claimable task. NULL p_queue means every queue.
-CREATE FUNCTION batonq.queue_stats(p_queue text DEFAULT NULL)
+-- the oldest claimable task. NULL p_queue means every queue. A page: the
+-- first p_limit queues by name after p_after whose names match one of
+-- p_patterns (anchored regular expressions: an API key's scopes); only the
+-- page's queues are counted, however many queues there are.
+CREATE FUNCTION batonq.queue_stats(p_queue text DEFAULT NULL, p_after text DEFAULT NULL,
+                                   p_limit integer DEFAULT NULL, p_patterns text[] DEFAULT NULL)
 RETURNS TABLE (queue text, paused boolean, waiting bigint, held bigint, pending bigint,
                scheduled bigint, leased bigint, done bigint, dead bigint, cancelled bigint,
                oldest_pending_age_s double precision)
@@ -133,7 +137,11 @@ BEGIN ATOMIC
            coalesce(h.scheduled, 0), coalesce(h.leased, 0),
            coalesce(a.done, 0), coalesce(a.dead, 0), coalesce(a.cancelled, 0),
            h.oldest_pending_age_s
-      FROM batonq.queues q
+      FROM (SELECT * FROM batonq.queues q
+             WHERE (p_queue IS NULL OR q.name = p_queue)
+               AND (p_after IS NULL OR q.name > p_after)
+               AND (p_patterns IS NULL OR q.name ~ ANY (p_patterns))
+             ORDER BY q.name LIMIT p_limit) q
       LEFT JOIN LATERAL (
           SELECT count(*) FILTER (WHERE t.state = 'waiting') AS waiting,
                  count(*) FILTER (WHERE t.state = 'held') AS held,
@@ -151,7 +159,6 @@ BEGIN ATOMIC
                  count(*) FILTER (WHERE x.state = 'cancelled') AS cancelled
             FROM batonq.archive x WHERE x.queue = q.name
       ) a ON true
-     WHERE p_queue IS NULL OR q.name = p_queue
      ORDER BY q.name;
 END;
 

@@ -10,7 +10,7 @@ GRANT EXECUTE ON FUNCTION
     batonq.get_task(bigint),
     batonq.set_aside_writes(bigint[]),
     batonq.list_tasks(text, text, integer, bigint),
-    batonq.queue_stats(text),
+    batonq.queue_stats(text, text, integer, text[]),
     batonq.list_queues(),
     batonq.await_work(text, double precision)
 TO batonq_reader;

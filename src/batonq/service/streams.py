@@ -1,0 +1,89 @@
+"""Event streams: a response that says when it ends, and one count of a
+queue shared by every announce stream of the process woken for it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from batonq.client import AsyncClient
+
+__all__ = ["HeldStream", "PendingCounts"]
+
+
+class HeldStream(StreamingResponse):
+    """A streaming response that calls ``release`` when it ends, however it
+    ends (the client went away, the server stops)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **options: Any) -> None:
+        super().__init__(content, **options)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+class PendingCounts:
+    """Claimable-task counts for announce streams, per process. A queue is
+    counted by one query at a time however many streams watch it: every
+    stream woken for it shares the next count (one that starts after it
+    asked, so it sees every task whose wake-up the stream had), and a
+    stream that only timed out takes a count under ``reuse_s`` old."""
+
+    def __init__(self, client: AsyncClient, reuse_s: float) -> None:
+        self._client, self._reuse_s = client, reuse_s
+        self._queues: dict[str, _QueueCount] = {}
+
+    @contextlib.contextmanager
+    def watching(self, queue: str) -> Iterator[_QueueCount]:
+        """The counts of ``queue``, kept while some stream watches it."""
+        count = self._queues.get(queue)
+        if count is None:
+            count = self._queues[queue] = _QueueCount(self._client, queue, self._reuse_s)
+        count.watchers += 1
+        try:
+            yield count
+        finally:
+            count.watchers -= 1
+            if count.watchers == 0:
+                del self._queues[queue]
+
+
+class _QueueCount:
+    def __init__(self, client: AsyncClient, queue: str, reuse_s: float) -> None:
+        self._client, self._queue, self._reuse_s = client, queue, reuse_s
+        self.watchers = 0
+        self._next: asyncio.Task[int] | None = None  # the count not started yet
+        self._newest: asyncio.Task[int] | None = None
+        self._known: tuple[float, int] | None = None  # (time.monotonic() a count started, its value)
+
+    async def pending(self, *, fresh: bool) -> int:
+        """Claimable tasks: counted from now on when ``fresh``, else maybe a
+        little earlier."""
+        if not fresh and self._known is not None and time.monotonic() - self._known[0] < self._reuse_s:
+            return self._known[1]
+        if self._next is None:
+            self._next = self._newest = asyncio.create_task(self._count(self._newest))
+        # Shielded: a stream that leaves does not cancel the others' count.
+        return await asyncio.shield(self._next)
+
+    async def _count(self, previous: asyncio.Task[int] | None) -> int:
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])  # one count of a queue at a time
+        finally:
+            self._next = None  # from here on, a stream that asks waits for the next count
+        started = time.monotonic()
+        stats = await self._client.queues(self._queue)
+        pending = stats[0].pending if stats else 0
+        self._known = (started, pending)
+        return pending
