@@ -117,19 +117,34 @@ class Bench:
         with psycopg.connect(self.dsn, autocommit=True) as admin:
             target.reset(admin)
         cli = [sys.executable, "-m", "batonq", "--dsn", self.dsn]
-        load_s, _ = _timed([*cli, "enqueue", QUEUE, "--no-keys", "--from", str(self.jsonl)], self.env,
-                           self.work / "enqueue.log", self.args.deadline)  # fmt: skip
+        load_s, _ = _timed(
+            [*cli, "enqueue", QUEUE, "--no-keys", "--from", str(self.jsonl)],
+            self.env,
+            self.work / "enqueue.log",
+            self.args.deadline,
+        )
         with psycopg.connect(self.dsn, autocommit=True) as admin:
             target.vacuum(admin)
         log = self.work / "batonq.log"
-        cmd = [*cli, "worker", "batonq_noop:app", "--burst", "--concurrency", str(self.args.concurrency),
-               *setting.args]  # fmt: skip
+        cmd = [
+            *cli,
+            "worker",
+            "batonq_noop:app",
+            "--burst",
+            "--concurrency",
+            str(self.args.concurrency),
+            *setting.args,
+        ]
         took, cpu = _timed(cmd, self.env, log, self.args.deadline)
         done = self._one("SELECT count(*) FROM batonq.archive WHERE state = 'done'")
         if done != self.n:
             raise RuntimeError(f"batonq {setting.label}: {done} of {self.n} tasks done")
-        return {"seconds": took, "cpu_s": cpu, "enqueue_from_per_s": self.n / load_s,
-                "log_lines": sum(1 for _ in log.open())}  # fmt: skip
+        return {
+            "seconds": took,
+            "cpu_s": cpu,
+            "enqueue_from_per_s": self.n / load_s,
+            "log_lines": sum(1 for _ in log.open()),
+        }
 
     def pgqueuer(self, setting: Setting) -> dict[str, Any]:
         assert self.pgq is not None
@@ -163,7 +178,9 @@ def settings(args: argparse.Namespace, peers: bool) -> list[Setting]:
     if peers:
         for spec in args.pgqueuer:
             batch, managers = spec.split("x")
-            found.append(Setting("pgqueuer", f"pgqueuer batch {batch}, {managers} managers", (batch, managers)))
+            found.append(
+                Setting("pgqueuer", f"pgqueuer batch {batch}, {managers} managers", (batch, managers))
+            )
     found.append(Setting("raw", "raw loop, batch 100", ("100",)))
     return found
 
@@ -196,8 +213,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["per_s"] = args.tasks / result["seconds"]
                     result["cpu_us_per_task"] = result["cpu_s"] / args.tasks * 1e6
                     runs[setting.label].append(result)
-                    print(f"run {number + 1}/{args.runs} {setting.label:<36} {result['per_s']:>9,.0f} tasks/s"
-                          f"  {result['cpu_us_per_task']:>5.1f} µs CPU/task", file=sys.stderr, flush=True)  # fmt: skip
+                    print(
+                        f"run {number + 1}/{args.runs} {setting.label:<36} {result['per_s']:>9,.0f} tasks/s"
+                        f"  {result['cpu_us_per_task']:>5.1f} µs CPU/task",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         finally:
             if peers:
                 with psycopg.connect(args.dsn, autocommit=True) as admin:
@@ -244,38 +265,59 @@ def ratios(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def print_table(report: dict[str, Any]) -> None:
     print("\ntasks/s, spawn to exit (median [min-max]); CPU µs per task of the worker process(es)")
-    print(f"| {'setting':<36} | {'tasks/s':>8} | {'min-max':>15} | {'CPU µs/task':>11} | {'/ PgQueuer':>10} | {'/ raw':>5} |")
+    print(
+        f"| {'setting':<36} | {'tasks/s':>8} | {'min-max':>15} | {'CPU µs/task':>11}"
+        f" | {'/ PgQueuer':>10} | {'/ raw':>5} |"
+    )
     for label, s in report["summary"].items():
         r = report["ratios"].get(label, {})
         cells = [f"{r[k]:.2f}" if k in r else "" for k in ("pgqueuer", "raw")]
-        print(f"| {label:<36} | {s['per_s']['median']:>8,.0f} | {s['per_s']['min']:>6,.0f}-{s['per_s']['max']:<8,.0f}"
-              f" | {s['cpu_us_per_task']['median']:>11.1f} | {cells[0]:>10} | {cells[1]:>5} |")  # fmt: skip
-    loads = [r["enqueue_from_per_s"] for rs in report["runs"].values() for r in rs if "enqueue_from_per_s" in r]
+        print(
+            f"| {label:<36} | {s['per_s']['median']:>8,.0f}"
+            f" | {s['per_s']['min']:>6,.0f}-{s['per_s']['max']:<8,.0f}"
+            f" | {s['cpu_us_per_task']['median']:>11.1f} | {cells[0]:>10} | {cells[1]:>5} |"
+        )
+    loads = [
+        r["enqueue_from_per_s"] for rs in report["runs"].values() for r in rs if "enqueue_from_per_s" in r
+    ]
     if loads:
         s = _stats(loads)
         print(f"\nbatonq enqueue --from: {s['median']:,.0f} tasks/s [{s['min']:,.0f}-{s['max']:,.0f}]")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke: 1 run of 2,000 tasks")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks per run (default %(default)s)")
-    parser.add_argument("--concurrency", type=int, default=200, help="batonq worker --concurrency (default %(default)s)")
     parser.add_argument(
-        "--batonq", action="append", metavar="OPTIONS",
-        help="extra `batonq worker` options of one setting, repeatable (default: none, and --log-level warning)",
-    )  # fmt: skip
+        "--concurrency", type=int, default=200, help="batonq worker --concurrency (default %(default)s)"
+    )
     parser.add_argument(
-        "--pgqueuer", action="append", metavar="BATCHxMANAGERS",
+        "--batonq",
+        action="append",
+        metavar="OPTIONS",
+        help="extra `batonq worker` options of a setting, repeatable (default: none; --log-level warning)",
+    )
+    parser.add_argument(
+        "--pgqueuer",
+        action="append",
+        metavar="BATCHxMANAGERS",
         help="a PgQueuer setting, repeatable (default: 100x5)",
-    )  # fmt: skip
+    )
     parser.add_argument("--pgqueuer-venv", default="/tmp/peer-pgqueuer")
     parser.add_argument("--no-peers", action="store_true", help="leave PgQueuer out")
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds a step may take")
-    parser.add_argument("--out", default="", help="JSON path (default bench/results/userpath-<timestamp>.json)")
+    parser.add_argument(
+        "--out", default="", help="JSON path (default bench/results/userpath-<timestamp>.json)"
+    )
     args = parser.parse_args(argv)
     args.batonq = args.batonq if args.batonq is not None else list(DEFAULT_BATONQ)
     args.pgqueuer = args.pgqueuer or ["100x5"]
