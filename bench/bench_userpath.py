@@ -20,7 +20,9 @@ hurts them alike), N tasks (default 100,000):
 
 Each rate is N / (spawn -> exit): start-up, imports and connecting
 included. Also kept: the worker's CPU time per task (user + system, its
-child processes included) and, for batonq, the ``enqueue --from`` rate.
+child processes included), the server's (its backends on the scratch
+database, read from ``/proc``: the server must run on this machine) and,
+for batonq, the ``enqueue --from`` rate.
 
 Usage::
 
@@ -44,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,11 +78,54 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _timed(cmd: Sequence[str], env: dict[str, str], log: Path, deadline: float) -> tuple[float, float]:
+class ServerCpu:
+    """The CPU time of the server processes serving one database while it
+    runs, read from ``/proc`` (so only with the server on this machine):
+    its backends are looked up every 0.2 s, each one's last reading kept."""
+
+    def __init__(self, dsn: str | None) -> None:
+        self.dsn = dsn
+        self.ticks: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> ServerCpu:
+        if self.dsn is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _sample(self) -> None:
+        assert self.dsn is not None
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.wait(0.2):
+                rows = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid()"
+                ).fetchall()
+                for (pid,) in rows:
+                    try:
+                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    except (FileNotFoundError, ProcessLookupError):
+                        continue
+                    self.ticks[pid] = int(fields[11]) + int(fields[12])  # utime + stime
+
+    def seconds(self) -> float | None:
+        return sum(self.ticks.values()) / os.sysconf("SC_CLK_TCK") if self.ticks else None
+
+
+def _timed(
+    cmd: Sequence[str], env: dict[str, str], log: Path, deadline: float, server: str | None = None
+) -> tuple[float, float, float | None]:
     """Run ``cmd`` to its exit: (wall seconds, CPU seconds of it and its
-    children); its stderr goes to ``log``."""
+    children, CPU seconds of the server's backends on database ``server``
+    when given and readable); its stderr goes to ``log``."""
     cpu = _children_cpu()
-    with log.open("w") as err:
+    with log.open("w") as err, ServerCpu(server) as backends:
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=PEERS_DIR, stdout=subprocess.DEVNULL, stderr=err)
         try:
@@ -91,7 +137,7 @@ def _timed(cmd: Sequence[str], env: dict[str, str], log: Path, deadline: float) 
         took = time.perf_counter() - started
     if code != 0:
         raise RuntimeError(f"{shlex.join(cmd)} exited {code}: {log.read_text()[-3000:]}")
-    return took, _children_cpu() - cpu
+    return took, _children_cpu() - cpu, backends.seconds()
 
 
 class Bench:
@@ -117,7 +163,7 @@ class Bench:
         with psycopg.connect(self.dsn, autocommit=True) as admin:
             target.reset(admin)
         cli = [sys.executable, "-m", "batonq", "--dsn", self.dsn]
-        load_s, _ = _timed(
+        load_s, _, _ = _timed(
             [*cli, "enqueue", QUEUE, "--no-keys", "--from", str(self.jsonl)],
             self.env,
             self.work / "enqueue.log",
@@ -135,13 +181,14 @@ class Bench:
             str(self.args.concurrency),
             *setting.args,
         ]
-        took, cpu = _timed(cmd, self.env, log, self.args.deadline)
+        took, cpu, server = _timed(cmd, self.env, log, self.args.deadline, self.dsn)
         done = self._one("SELECT count(*) FROM batonq.archive WHERE state = 'done'")
         if done != self.n:
             raise RuntimeError(f"batonq {setting.label}: {done} of {self.n} tasks done")
         return {
             "seconds": took,
             "cpu_s": cpu,
+            "server_cpu_s": server,
             "enqueue_from_per_s": self.n / load_s,
             "log_lines": sum(1 for _ in log.open()),
         }
@@ -152,12 +199,14 @@ class Bench:
         with psycopg.connect(self.pgq.dsn, autocommit=True) as admin:
             admin.execute("VACUUM (ANALYZE) pgqueuer")
         cmd = [self.pgq.python(), "pgqueuer_noop.py", "work", *setting.args]
-        took, cpu = _timed(cmd, self.pgq.env, self.work / "pgqueuer.log", self.args.deadline)
+        took, cpu, server = _timed(
+            cmd, self.pgq.env, self.work / "pgqueuer.log", self.args.deadline, self.pgq.dsn
+        )
         with psycopg.connect(self.pgq.dsn, autocommit=True) as admin:
             row = admin.execute("SELECT count(*) FROM pgqueuer").fetchone()
         if row is None or row[0] != 0:
             raise RuntimeError(f"pgqueuer {setting.label}: {row} jobs left")
-        return {"seconds": took, "cpu_s": cpu}
+        return {"seconds": took, "cpu_s": cpu, "server_cpu_s": server}
 
     def raw(self, setting: Setting) -> dict[str, Any]:
         target = Baseline(self.dsn)
@@ -166,11 +215,11 @@ class Bench:
             target.preload(admin, self.n)
             target.vacuum(admin)
         cmd = [sys.executable, "raw_loop.py", *setting.args]
-        took, cpu = _timed(cmd, self.env, self.work / "raw.log", self.args.deadline)
+        took, cpu, server = _timed(cmd, self.env, self.work / "raw.log", self.args.deadline, self.dsn)
         done = self._one("SELECT count(*) FROM public.bench_tasks WHERE state = 'done'")
         if done != self.n:
             raise RuntimeError(f"raw loop: {done} of {self.n} tasks done")
-        return {"seconds": took, "cpu_s": cpu}
+        return {"seconds": took, "cpu_s": cpu, "server_cpu_s": server}
 
 
 def settings(args: argparse.Namespace, peers: bool) -> list[Setting]:
@@ -212,10 +261,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result = getattr(bench, setting.system)(setting)
                     result["per_s"] = args.tasks / result["seconds"]
                     result["cpu_us_per_task"] = result["cpu_s"] / args.tasks * 1e6
+                    server_s = result["server_cpu_s"]
+                    result["server_cpu_us_per_task"] = server_s / args.tasks * 1e6 if server_s else None
                     runs[setting.label].append(result)
                     print(
                         f"run {number + 1}/{args.runs} {setting.label:<36} {result['per_s']:>9,.0f} tasks/s"
-                        f"  {result['cpu_us_per_task']:>5.1f} µs CPU/task",
+                        f"  CPU µs/task: worker {result['cpu_us_per_task']:>5.1f}"
+                        f", server {result['server_cpu_us_per_task'] or 0:>5.1f}",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -227,6 +279,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         label: {
             "per_s": _stats([r["per_s"] for r in results]),
             "cpu_us_per_task": _stats([r["cpu_us_per_task"] for r in results]),
+            "server_cpu_us_per_task": _stats([r["server_cpu_us_per_task"] for r in results])
+            if all(r["server_cpu_us_per_task"] for r in results)
+            else None,
         }
         for label, results in runs.items()
     }
@@ -264,18 +319,21 @@ def ratios(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print("\ntasks/s, spawn to exit (median [min-max]); CPU µs per task of the worker process(es)")
     print(
-        f"| {'setting':<36} | {'tasks/s':>8} | {'min-max':>15} | {'CPU µs/task':>11}"
+        "\ntasks/s, spawn to exit (median [min-max]); CPU µs per task: the worker's process(es), the server's"
+    )
+    print(
+        f"| {'setting':<36} | {'tasks/s':>8} | {'min-max':>15} | {'worker µs':>9} | {'server µs':>9}"
         f" | {'/ PgQueuer':>10} | {'/ raw':>5} |"
     )
     for label, s in report["summary"].items():
         r = report["ratios"].get(label, {})
         cells = [f"{r[k]:.2f}" if k in r else "" for k in ("pgqueuer", "raw")]
+        server = f"{s['server_cpu_us_per_task']['median']:.1f}" if s["server_cpu_us_per_task"] else "n/a"
         print(
             f"| {label:<36} | {s['per_s']['median']:>8,.0f}"
             f" | {s['per_s']['min']:>6,.0f}-{s['per_s']['max']:<8,.0f}"
-            f" | {s['cpu_us_per_task']['median']:>11.1f} | {cells[0]:>10} | {cells[1]:>5} |"
+            f" | {s['cpu_us_per_task']['median']:>9.1f} | {server:>9} | {cells[0]:>10} | {cells[1]:>5} |"
         )
     loads = [
         r["enqueue_from_per_s"] for rs in report["runs"].values() for r in rs if "enqueue_from_per_s" in r
