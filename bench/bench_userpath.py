@@ -147,7 +147,9 @@ class Bench:
         self.dsn = dsn
         self.pgq = pgq
         self.work = work
-        self.env = {**os.environ, "BENCH_DSN": dsn, "PYTHONPATH": str(PEERS_DIR)}
+        # $PYTHONPATH kept after the handlers' directory: another checkout's src/ runs as batonq.
+        path = os.pathsep.join(p for p in (str(PEERS_DIR), os.environ.get("PYTHONPATH")) if p)
+        self.env = {**os.environ, "BENCH_DSN": dsn, "PYTHONPATH": path}
         self.jsonl = work / "tasks.jsonl"
         with self.jsonl.open("w") as out:
             out.writelines(f'{{"payload": {{"n": {i}}}}}\n' for i in range(self.n))
