@@ -66,7 +66,7 @@ class Supervisor:
         self.sweeper = sweeper
         self.grace_s = grace_s
         self._stop_at: float | None = None
-        self._signals = 0
+        self._signals: list[int] = []
 
     def run(self) -> int:
         sweeper = Sweeper(self.dsn) if self.sweeper else None
@@ -103,7 +103,7 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """Forward the signal: the first stops claiming, a second stops at
         once (the children count them the same way)."""
-        self._signals += 1
+        self._signals.append(signum)
         if self._stop_at is None:
             self._stop_at = time.monotonic() + self.grace_s + _KILL_AFTER_S
             log.info("%s: stopping %d worker processes", signal.Signals(signum).name, self._alive())
@@ -137,7 +137,7 @@ class Supervisor:
         assert child.proc is not None
         pid, child.proc = child.proc.pid, None
         if self._stop_at is not None or code == 0:
-            if code < 0 and self._signals == 1:
+            if len(self._signals) == 1 and code == -self._signals[0]:
                 # Killed by the first signal itself: it had not set up its
                 # handlers yet, so it held no lease.
                 code = 0
