@@ -13,7 +13,8 @@ hurts them alike), N tasks (default 100,000):
 - **PgQueuer** 1.6: N jobs through its client, ``VACUUM ANALYZE``, then its
   worker in drain mode (``bench/peers/pgqueuer_noop.py work BATCH
   MANAGERS``: MANAGERS queue managers in one process, each on its own
-  connection; default batch 100 and 5 managers, its best setting here);
+  connection; by default batch 100 and batch 1000, 5 managers each, the
+  best settings found here; ratios are to the better one);
 - **raw**: N rows loaded into ``bench_core.py``'s plain table, then its
   claim/complete loop as a process (``bench/peers/raw_loop.py``: batch 100,
   one connection).
@@ -26,7 +27,7 @@ for batonq, the ``enqueue --from`` rate.
 
 Usage::
 
-    .venv/bin/python bench/bench_userpath.py             # 3 runs of 100,000 tasks (~6 min here)
+    .venv/bin/python bench/bench_userpath.py             # 3 runs of 100,000 tasks (~15 min here)
     .venv/bin/python bench/bench_userpath.py --quick     # smoke: 1 run of 2,000
     .venv/bin/python bench/bench_userpath.py --batonq "--processes 2" --batonq ""
 
@@ -63,7 +64,8 @@ BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_DSN = os.environ.get("BATONQ_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 QUEUE = "bench:workers"  # batonq_noop's
-DEFAULT_BATONQ = ("", "--log-level warning")
+DEFAULT_BATONQ = ("", "--log-level warning", "--processes 2")
+DEFAULT_PGQUEUER = ("100x5", "1000x5")
 
 
 @dataclass(frozen=True)
@@ -364,13 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--batonq",
         action="append",
         metavar="OPTIONS",
-        help="extra `batonq worker` options of a setting, repeatable (default: none; --log-level warning)",
+        help="`batonq worker` options of a setting, repeatable"
+        " (default: none, --log-level warning, --processes 2)",
     )
     parser.add_argument(
         "--pgqueuer",
         action="append",
         metavar="BATCHxMANAGERS",
-        help="a PgQueuer setting, repeatable (default: 100x5)",
+        help="a PgQueuer setting, repeatable (default: 100x5 and 1000x5)",
     )
     parser.add_argument("--pgqueuer-venv", default="/tmp/peer-pgqueuer")
     parser.add_argument("--no-peers", action="store_true", help="leave PgQueuer out")
@@ -380,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.batonq = args.batonq if args.batonq is not None else list(DEFAULT_BATONQ)
-    args.pgqueuer = args.pgqueuer or ["100x5"]
+    args.pgqueuer = args.pgqueuer or list(DEFAULT_PGQUEUER)
     if args.quick:
         args.runs, args.tasks = 1, 2_000
     report = run(args)
