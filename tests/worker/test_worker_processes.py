@@ -73,12 +73,21 @@ def test_two_processes_share_the_work_and_burst_exits_0(
     client: batonq.Client, sql: psycopg.Connection[Any], dsn: str, spawn: Any
 ) -> None:
     ids = _enqueue(client, 0.2, 20)
-    worker = spawn(APP, "--dsn", dsn, "--processes", "2", "--burst", "--concurrency", "4")
+    worker = spawn(APP, "--dsn", dsn, "--processes", "2", "--burst", "--concurrency", "4", "--name", "grp")
     assert worker.wait(timeout=90) == 0, worker.log()
     assert states(sql) == dict.fromkeys(ids, "done")
     pids = {client.task(t).result["pid"] for t in ids}
     assert len(pids) == 2 and worker.proc.pid not in pids, pids  # the supervisor runs no handler
     assert worker.log().count("stopped (exit 0)") == 2
+    names = sql.execute("SELECT DISTINCT worker FROM batonq.archive ORDER BY 1").fetchall()
+    assert names == [("grp/0",), ("grp/1",)]
+
+
+def test_an_unreachable_database_exits_5_at_start(spawn: Any) -> None:
+    worker = spawn(APP, "--dsn", "postgresql://postgres@127.0.0.1:1/nowhere", "--processes", "2")
+    assert worker.wait(timeout=30) == 5
+    assert "database_unreachable" in worker.log()
+    assert "worker processes" not in worker.log()  # none was started
 
 
 def test_sigterm_drains_every_process(
