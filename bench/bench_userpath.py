@@ -3,7 +3,8 @@
 claim/complete loop, wall clock from start to exit.
 
 Per run, each setting in turn (the settings alternate, so a noisy machine
-hurts them alike), N tasks (default 100,000):
+hurts them alike, and each run starts one setting later than the last),
+N tasks (default 100,000):
 
 - **batonq**: ``batonq enqueue bench:workers --no-keys --from tasks.jsonl``
   (N lines of ``{"payload": {"n": i}}``), ``VACUUM ANALYZE``, then ``batonq
@@ -261,7 +262,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with psycopg.connect(dsn) as conn:
                 server = postgres_info(conn)
             for number in range(args.runs):
-                for setting in chosen:
+                # Each round starts one setting later: none always runs first
+                # (after the database was made) or right after the same one.
+                turn = number % len(chosen)
+                for setting in chosen[turn:] + chosen[:turn]:
                     result = getattr(bench, setting.system)(setting)
                     result["per_s"] = args.tasks / result["seconds"]
                     result["cpu_us_per_task"] = result["cpu_s"] / args.tasks * 1e6
