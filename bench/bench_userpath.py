@@ -360,7 +360,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)"
     )
-    parser.add_argument("--quick", action="store_true", help="smoke: 1 run of 2,000 tasks")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke: 1 run of 2,000 tasks, one setting of each system"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks per run (default %(default)s)")
     parser.add_argument(
@@ -386,10 +388,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out", default="", help="JSON path (default bench/results/userpath-<timestamp>.json)"
     )
     args = parser.parse_args(argv)
+    if args.quick:  # one setting of each system unless named
+        args.runs, args.tasks = 1, 2_000
+        args.batonq = args.batonq if args.batonq is not None else list(DEFAULT_BATONQ[:1])
+        args.pgqueuer = args.pgqueuer or list(DEFAULT_PGQUEUER[:1])
     args.batonq = args.batonq if args.batonq is not None else list(DEFAULT_BATONQ)
     args.pgqueuer = args.pgqueuer or list(DEFAULT_PGQUEUER)
-    if args.quick:
-        args.runs, args.tasks = 1, 2_000
     report = run(args)
     out = Path(args.out) if args.out else RESULTS_DIR / f"userpath-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
