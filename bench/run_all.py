@@ -4,19 +4,25 @@ behind docs/benchmarks.md.
 
 Runs, each on scratch databases of its own on the same server:
 
-1. ``bench_core.py``     enqueue and claim + complete, batonq vs a raw SQL loop
-2. ``bench_workers.py``  worker throughput, batonq vs PgQueuer vs Procrastinate
-3. ``bench_latency.py``  enqueue -> handler start at 100 tasks/s, vs raw LISTEN/NOTIFY
-4. ``bench_backlog.py``  claim latency against 1k..1M pending and 1M finished
-5. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
-6. ``bench_http.py``     claim + submit over HTTP vs the Python client
-7. ``bench_idle.py``     CPU of an idle ``batonq worker``
-8. ``plot.py``           PNG plots of the newest results
+1. ``bench_userpath.py`` the CLI as a user runs it (enqueue --from, worker --burst),
+                         batonq vs PgQueuer vs the raw claim/complete loop
+2. ``bench_core.py``     enqueue and claim + complete, batonq vs a raw SQL loop
+3. ``bench_workers.py``  worker throughput, batonq vs PgQueuer vs Procrastinate
+4. ``bench_latency.py``  enqueue -> handler start at 100 tasks/s, vs raw LISTEN/NOTIFY
+5. ``bench_backlog.py``  claim latency against 1k..1M pending and 1M finished
+6. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
+7. ``bench_http.py``     claim + submit over HTTP vs the Python client
+8. ``bench_idle.py``     CPU of an idle ``batonq worker``
+9. ``plot.py``           PNG plots of the newest results
+
+Then ``compare.py`` sets each ratio of the results just written against the
+newest earlier result of the same kind in the results directory, and flags
+every ratio that fell by more than 10% (exit code 3 when one did).
 
 The peers run from virtualenvs of their own (``/tmp/peer-pgqueuer``,
 ``/tmp/peer-procrastinate``), made here with pinned versions when missing;
 ``--no-peers`` leaves them out. A step that fails is reported and the others
-still run; the exit code is 1 if any failed.
+still run; the exit code is 1 if any failed, else 3 if a ratio fell.
 
 Usage::
 
@@ -35,13 +41,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from compare import compare_runs
+
 BENCH = Path(__file__).resolve().parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PEERS = {
     Path("/tmp/peer-pgqueuer"): ["pgqueuer==1.6.0", "asyncpg"],
     Path("/tmp/peer-procrastinate"): ["procrastinate==3.10.0", "psycopg[binary]"],
 }
-STEPS = ("core", "workers", "latency", "backlog", "graph", "http", "idle", "plot")
+STEPS = ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "plot")
 
 
 def _stamp() -> str:
@@ -51,6 +59,19 @@ def _stamp() -> str:
 def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: Path) -> list[list[str]]:
     """The command lines of one step (the backlog runs 3 times in full mode)."""
     py = [sys.executable]
+    if step == "userpath":
+        return [
+            [
+                *py,
+                str(BENCH / "bench_userpath.py"),
+                "--dsn",
+                dsn,
+                *([] if peers else ["--no-peers"]),
+                *(["--quick"] if quick else []),
+                "--out",
+                str(out / f"userpath-{_stamp()}.json"),
+            ]
+        ]
     if step == "core":
         return [
             [
@@ -144,10 +165,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)"
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="every script's smoke mode (about a minute)"
-    )
+    parser.add_argument("--quick", action="store_true", help="every script's smoke mode (about a minute)")
     parser.add_argument("--no-peers", action="store_true", help="leave PgQueuer and Procrastinate out")
+    parser.add_argument("--no-compare", action="store_true", help="do not compare with the previous results")
     parser.add_argument(
         "--only", default=",".join(STEPS), help="comma-separated steps (default: %(default)s)"
     )
@@ -170,11 +190,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    peers = not args.no_peers and "workers" in args.steps
+    peers = not args.no_peers and bool({"workers", "userpath"} & set(args.steps))
     if peers:
         ensure_peers()
     failed: list[str] = []
     started = time.monotonic()
+    started_at = time.time()
     for number, step in enumerate(args.steps, 1):
         for command in commands(
             step, quick=args.quick, peers=peers, dsn=args.dsn, out=args.out, img=args.img
@@ -190,10 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if code != 0:
                 failed.append(step)
     print(f"done in {time.monotonic() - started:.0f} s; results in {args.out}; plots in {args.img}")
+    fell = [] if args.no_compare else compare_runs(args.out, since=started_at)
     if failed:
         print(f"failed: {', '.join(dict.fromkeys(failed))}", file=sys.stderr)
         return 1
-    return 0
+    return 3 if fell else 0
 
 
 if __name__ == "__main__":

@@ -137,7 +137,8 @@ def test_burst_exits_0_when_the_queues_are_drained(
     client: batonq.Client, sql: psycopg.Connection[Any], dsn: str, spawn: Any
 ) -> None:
     ids = _enqueue(client, 0.0, 25)
-    worker = spawn(APP, "--dsn", dsn, "--burst", "--concurrency", "4", "--log-format", "json")
+    worker = spawn(APP, "--dsn", dsn, "--burst", "--concurrency", "4", "--log-format", "json",
+                   "--log-level", "debug")  # fmt: skip
     assert worker.wait(timeout=60) == 0, worker.log()
     assert states(sql) == dict.fromkeys(ids, "done")
     records = [json.loads(line) for line in worker.log().splitlines() if line.startswith("{")]

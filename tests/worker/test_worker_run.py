@@ -4,6 +4,7 @@ Job handle, middleware, --burst and --max-tasks."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from typing import Any
@@ -331,3 +332,51 @@ async def test_idle_worker_sleeps_on_listen(client: batonq.Client, dsn: str) -> 
         assert await running == 0
     finally:
         await counting.close()
+
+
+async def test_logs_a_summary_at_info_and_each_task_at_debug(
+    client: batonq.Client, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = batonq.App()
+    gate = asyncio.Event()
+
+    @app.task("log:tasks")
+    async def handle(job: batonq.AsyncJob) -> int:
+        if job.payload["i"] == 0:
+            raise batonq.PermanentError("no zero")
+        if job.payload["i"] == 9:
+            await gate.wait()  # the last one finishes after the others' summaries
+        return int(job.payload["i"])
+
+    def summaries() -> list[tuple[int, int, int]]:
+        found = (SUMMARY.fullmatch(r.getMessage()) for r in caplog.records)
+        return [(int(m["done"]), int(m["failed"]), int(m["running"])) for m in found if m]
+
+    async def nine_summed() -> bool:
+        return sum(done for done, _, _ in summaries()) == 9
+
+    client.enqueue_many("log:tasks", [{"i": i} for i in range(10)])
+    caplog.set_level("INFO", logger="batonq")
+    run = asyncio.create_task(worker(app, dsn, burst=True, summary_s=0.2).run_async())
+    await eventually_async(nine_summed, timeout=15, what="summaries of the first 9 tasks")
+    assert sum(failed for _, failed, _ in summaries()) == 1
+    assert summaries()[-1][2] == 1  # the one waiting on the gate
+    gate.set()
+    assert await run == 0
+    messages = [r.getMessage() for r in caplog.records if r.name == "batonq.worker"]
+    assert re.search(r"stopped \(exit 0\): 10 tasks finished, 1 failed, in [\d.]+ s \(\d+/s\)$", messages[-1])
+    assert not any(" done in " in m for m in messages)  # each task's record is at DEBUG
+    assert sum("is dead" in m for m in messages) == 1  # failures stay at WARNING
+
+    caplog.clear()
+    caplog.set_level("DEBUG", logger="batonq")
+    client.enqueue_many("log:tasks", [{"i": i} for i in range(1, 4)])
+    assert await worker(app, dsn, burst=True).run_async() == 0
+    done = [r for r in caplog.records if " done in " in r.getMessage()]
+    assert len(done) == 3 and {r.levelname for r in done} == {"DEBUG"}
+    assert {"task_id", "outcome", "duration_s"} <= set(done[0].__dict__)
+
+
+SUMMARY = re.compile(
+    r"(?P<done>\d+) tasks finished in \d+ s \(\d+/s\), (?P<failed>\d+) failed; (?P<running>\d+) running"
+)

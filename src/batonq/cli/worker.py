@@ -9,9 +9,12 @@ import os
 import sys
 
 import click
+import psycopg
 
+from batonq.embedded import resolve_dsn
 from batonq.worker import Worker, load
 from batonq.worker.logs import configure
+from batonq.worker.supervisor import Supervisor, die_with_supervisor
 
 __all__ = ["worker"]
 
@@ -19,6 +22,7 @@ EXIT_CODES = """\b
 Exit codes:
   0    stopped gracefully: by SIGTERM/SIGINT (running jobs finished within
        --grace, or their leases were given back), --burst, or --max-tasks
+       (with --processes, every process did)
   1    an error (e.g. the schema is missing: run batonq migrate)
   2    usage error (a bad option, or a TARGET that does not load)
   5    the database was unreachable at start
@@ -81,7 +85,15 @@ def _split(values: tuple[str, ...]) -> list[str]:
     metavar="SECONDS",
     help="When idle, claim again after this long without a wake-up.",
 )
-@click.option("--name", help="This worker's name on its claims. Default: host:pid.")
+@click.option(
+    "--processes",
+    "-p",
+    type=click.IntRange(0, 1024),
+    default=1,
+    show_default=True,
+    help="Worker processes under one supervisor (0: one per core); each runs --concurrency jobs.",
+)
+@click.option("--name", help="This worker's name on its claims (NAME/i per process). Default: host:pid.")
 @click.option(
     "--sweeper/--no-sweeper",
     default=True,
@@ -114,6 +126,7 @@ def worker(
     burst: bool,
     grace_s: float,
     wait_s: float,
+    processes: int,
     name: str | None,
     sweeper: bool,
     listen: bool,
@@ -130,6 +143,7 @@ def worker(
       batonq worker myapp.tasks:ship --queue shop:tasks --burst
     """
     configure(log_level, log_format)
+    die_with_supervisor()
     try:
         app = load(target, _split(handler_queues))
         runner = Worker(
@@ -139,6 +153,9 @@ def worker(
         )  # fmt: skip
     except (ImportError, ValueError, TypeError) as error:
         raise click.UsageError(str(error), ctx) from error
+    processes = processes or os.cpu_count() or 1
+    if processes > 1:
+        ctx.exit(_supervise(ctx, processes, runner))
     _tune_gc()
     code = runner.run()
     if runner.abandoned:
@@ -148,6 +165,38 @@ def worker(
         sys.stderr.flush()
         os._exit(code)
     ctx.exit(code)
+
+
+def _supervise(ctx: click.Context, processes: int, runner: Worker) -> int:
+    """Run this command ``processes`` times as children of this process;
+    the supervisor alone takes part in the sweeper election."""
+    dsn = resolve_dsn(runner.dsn)
+    psycopg.connect(dsn).close()  # unreachable: exit 5 now, not a child restarted forever
+    fixed = {"processes": ["--processes", "1"], "sweeper": ["--no-sweeper"], "dsn": ["--dsn", dsn]}
+    base = [sys.executable, "-m", "batonq", "worker", *_options(ctx, skip=(*fixed, "name"))]
+    base += [arg for args in fixed.values() for arg in args]
+
+    def command(index: int) -> list[str]:
+        return base + (["--name", f"{runner.name}/{index}"] if runner.name else [])
+
+    return Supervisor(command, processes, dsn=dsn, sweeper=runner.sweeper, grace_s=runner.grace_s).run()
+
+
+def _options(ctx: click.Context, skip: tuple[str, ...]) -> list[str]:
+    """This command's arguments and options as given, as a command line."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in skip or value is None or value == ():
+            continue
+        if isinstance(param, click.Argument):
+            args.append(str(value))
+        elif isinstance(param, click.Option) and param.is_flag:
+            args += [param.opts[0]] if value else param.secondary_opts[:1]
+        elif isinstance(param, click.Option):
+            for item in value if param.multiple else (value,):
+                args += [param.opts[0], str(item)]
+    return args
 
 
 def _tune_gc() -> None:

@@ -47,6 +47,7 @@ _BEAT_TICK_S = 0.1
 third of the lease after the claim or the last heartbeat)."""
 _RETRY_BASE_S = 0.5
 _RETRY_MAX_S = 10.0
+_FAILED = frozenset({"retry", "dead"})
 
 
 class Worker:
@@ -65,7 +66,9 @@ class Worker:
       its own, with a ``sweeper`` (leader-elected: one per database does the
       work) that recovers expired leases in queues nobody claims from;
     - ``listen``: wake on LISTEN/NOTIFY (False: poll every ``wait_s``, e.g.
-      behind a transaction-pooling PgBouncer).
+      behind a transaction-pooling PgBouncer);
+    - ``summary_s``: how often a busy worker logs a summary line at INFO
+      (tasks done and failed, tasks/s); each task's own record is at DEBUG.
 
     ``run()`` returns an exit code: 0 graceful, 128 + N after a second
     signal N (130 for SIGINT, 143 for SIGTERM), 1 after ``stop(force=True)``.
@@ -90,6 +93,7 @@ class Worker:
         listen: bool = True,
         sweeper: bool = True,
         handle_signals: bool = True,
+        summary_s: float = 10.0,
     ) -> None:
         self.app = app
         self.queues = list(queues) if queues else app.queues
@@ -102,8 +106,8 @@ class Worker:
             raise ValueError("concurrency must be at least 1")
         if lease_s is not None and not 1 <= lease_s <= 3600:
             raise ValueError("lease_s must be between 1 and 3600")
-        if wait_s <= 0 or grace_s < 0:
-            raise ValueError("wait_s must be over 0 and grace_s at least 0")
+        if wait_s <= 0 or grace_s < 0 or summary_s <= 0:
+            raise ValueError("wait_s and summary_s must be over 0, grace_s at least 0")
         if max_tasks is not None and max_tasks < 1:
             raise ValueError("max_tasks must be at least 1")
         self.dsn = dsn
@@ -117,8 +121,11 @@ class Worker:
         self.listen = listen
         self.sweeper = sweeper
         self.handle_signals = handle_signals
+        self.summary_s = summary_s
         self.claimed = 0
         self.finished = 0
+        self.failed = 0
+        """Of the finished, those whose handler failed (retried or dead)."""
         self.abandoned = 0
         """Sync handlers still running in threads when the worker stopped."""
         self._given_client = client
@@ -213,8 +220,10 @@ class Worker:
             listener = AsyncListener(client.dsn, client.forget_awaited) if self.listen else AsyncNoListener()
             stack.push_async_callback(listener.close)
             relays = [asyncio.create_task(self._relay(listener, queue)) for queue in self.queues]
-            stack.push_async_callback(_cancel_all, [*relays, asyncio.create_task(self._beat_ticks())])
+            tickers = [asyncio.create_task(self._beat_ticks()), asyncio.create_task(self._summaries())]
+            stack.push_async_callback(_cancel_all, [*relays, *tickers])
             self._install_signal_handlers(stack)
+            started = time.monotonic()
             log.info("worker %s started: queues %s, concurrency %d", client.worker_name,
                      ", ".join(self.queues), self.concurrency, extra=self._fields)  # fmt: skip
             try:
@@ -227,8 +236,10 @@ class Worker:
                 raise
             await self._drain()
         code = self._exit_code()
-        log.info("worker %s stopped (exit %d): %d tasks finished", self._fields.get("worker"), code,
-                 self.finished, extra=self._fields)  # fmt: skip
+        took = time.monotonic() - started
+        log.info("worker %s stopped (exit %d): %d tasks finished, %d failed, in %.1f s (%.0f/s)",
+                 self._fields.get("worker"), code, self.finished, self.failed, took,
+                 self.finished / took if took > 0 else 0.0, extra=self._fields)  # fmt: skip
         return code
 
     def _exit_code(self) -> int:
@@ -264,6 +275,20 @@ class Worker:
             now = time.monotonic()
             for execution in list(self._running.values()):
                 execution.beat_if_due(now)
+
+    async def _summaries(self) -> None:
+        """Every ``summary_s``, one INFO line with what was finished since
+        the last one; none while nothing was."""
+        finished, failed, since = self.finished, self.failed, time.monotonic()
+        while True:
+            await asyncio.sleep(self.summary_s)
+            now = time.monotonic()
+            if self.finished != finished:
+                done = self.finished - finished
+                log.info("%d tasks finished in %.0f s (%.0f/s), %d failed; %d running",
+                         done, now - since, done / (now - since), self.failed - failed,
+                         len(self._running), extra=self._fields)  # fmt: skip
+            finished, failed, since = self.finished, self.failed, now
 
     def _free_slots(self) -> int:
         free = self.concurrency - self._busy
@@ -375,6 +400,8 @@ class Worker:
     def _finished(self, execution: Execution) -> None:
         self._running.pop(execution.job.fencing_token, None)
         self.finished += 1
+        if execution.status in _FAILED:
+            self.failed += 1
         self._poke_dispatcher()
 
     # -- shutdown ------------------------------------------------------------
