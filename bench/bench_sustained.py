@@ -314,6 +314,7 @@ def run_case(admin_dsn: str, postmaster: int, case: Case) -> dict[str, Any]:
         "hot_update_share": round(diff["hot_updated"] / diff["updated"], 3) if diff["updated"] else None,
         "dead_peak": dead_peak,
         "autovacuums": diff["autovacuums"],
+        "vacuums": diff["vacuums"],
         "exit_codes": [proc.exitcode for proc in procs],
     }
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
@@ -326,7 +327,8 @@ def format_row(r: dict[str, Any]) -> str:
     return (f"{r['system']:7} W={r['workers']:<3} {r['tasks_per_s']:>8,.0f}/s"
             f"  last/first {r['last_vs_first']}"
             f"  cpu {r['db_cpu_us_per_task']} us/task  dead/task {r['dead_per_task']}"
-            f"  hot-upd {r['hot_update_share']}  dead peak {r['dead_peak']:,}  autovacuums {r['autovacuums']}"
+            f"  hot-upd {r['hot_update_share']}  dead peak {r['dead_peak']:,}"
+            f"  autovacuums {r['autovacuums']}  vacuums {r['vacuums']}"
             f"  windows [{windows}]")  # fmt: skip
 
 
