@@ -325,7 +325,9 @@ class AsyncClient:
         return await self._run(operations.tasks(queue, state=state, limit=limit, before_id=before_id))
 
     async def queues(self, queue: str | None = None) -> list[QueueStats]:
-        """Counts per state and oldest claimable age, per queue."""
+        """Counts per state and oldest claimable age, per queue. Exact; the
+        finished states are kept as tasks finish, so this costs the same
+        however large the archive."""
         return await self._run(operations.queues(queue))
 
     async def queue_configs(self) -> list[QueueConfig]:

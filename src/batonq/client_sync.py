@@ -323,7 +323,9 @@ class Client:
         return self._run(operations.tasks(queue, state=state, limit=limit, before_id=before_id))
 
     def queues(self, queue: str | None = None) -> list[QueueStats]:
-        """Counts per state and oldest claimable age, per queue."""
+        """Counts per state and oldest claimable age, per queue. Exact; the
+        finished states are kept as tasks finish, so this costs the same
+        however large the archive."""
         return self._run(operations.queues(queue))
 
     def queue_configs(self) -> list[QueueConfig]:
