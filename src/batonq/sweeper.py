@@ -36,7 +36,7 @@ class Sweeper:
     deletes one, so a busy queue leaves about two dead row versions per
     task; the claim reads past those at the head of its index until a vacuum
     removes them. Autovacuum at PostgreSQL's defaults looks at a database
-    once a minute, long enough for a busy queue to slow by a third."""
+    once a minute, long enough for a busy queue to slow by a quarter."""
 
     def __init__(
         self,
