@@ -120,19 +120,14 @@ CREATE TRIGGER archive_count_truncate AFTER TRUNCATE ON batonq.archive
 -- Fold the delta rows into one row per (queue, state). Safe beside
 -- concurrent moves and another fold: rows added meanwhile are neither
 -- deleted nor summed here, and a row two folds both saw is deleted once.
-CREATE FUNCTION batonq._fold_counts() RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_rows integer;
-BEGIN
+CREATE FUNCTION batonq._fold_counts() RETURNS void
+LANGUAGE sql AS $$
     WITH gone AS (
         DELETE FROM batonq.finished_counts RETURNING queue, state, n
     )
     INSERT INTO batonq.finished_counts (queue, state, n)
     SELECT queue, state, sum(n) FROM gone GROUP BY queue, state HAVING sum(n) <> 0;
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
-    RETURN v_rows;
-END $$;
+$$;
 
 -- Per queue: its settings, how many tasks are in each state, and the age of
 -- the oldest claimable task. NULL p_queue means every queue.
