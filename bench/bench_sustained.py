@@ -22,7 +22,7 @@ stops; each case gets a fresh database in it. Per case it reports:
   dead tuples seen at once, and how often autovacuum ran.
 
     .venv/bin/python bench/bench_sustained.py             # W = 4, 16, 64; 5 minutes each
-    .venv/bin/python bench/bench_sustained.py --quick     # W = 16, 10 s each, 5 s windows
+    .venv/bin/python bench/bench_sustained.py --quick     # a smoke run: W = 4, 5 s each
     .venv/bin/python bench/bench_sustained.py --workers 64 --seconds 120 --window 30
 
 Results go to ``bench/results/sustained-<timestamp>.json``.
@@ -336,16 +336,16 @@ def format_row(r: dict[str, Any]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="W=16 only, 10 s per case, 5 s windows")
-    parser.add_argument("--workers", default=None, help="the Ws, comma-separated (default 4,16,64; quick 16)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: W=4, 5 s per case, 2.5 s windows")
+    parser.add_argument("--workers", default=None, help="the Ws, comma-separated (default 4,16,64; quick 4)")
     parser.add_argument("--seconds", type=float, default=None, help="per case (default 300; quick 20)")
     parser.add_argument("--window", type=float, default=None, help="throughput window (default 60; quick 10)")
     parser.add_argument("--only", default=",".join(SYSTEMS), help="systems (default %(default)s)")
     parser.add_argument("--out", type=Path, default=BENCH / "results", help="results directory")
     args = parser.parse_args()
-    seconds = args.seconds or (10.0 if args.quick else 300.0)
-    window = args.window or (5.0 if args.quick else 60.0)
-    ws = [int(w) for w in (args.workers or ("16" if args.quick else "4,16,64")).split(",")]
+    seconds = args.seconds or (5.0 if args.quick else 300.0)
+    window = args.window or (2.5 if args.quick else 60.0)
+    ws = [int(w) for w in (args.workers or ("4" if args.quick else "4,16,64")).split(",")]
     systems = [s for s in args.only.split(",") if s]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:
