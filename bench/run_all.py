@@ -13,7 +13,9 @@ Runs, each on scratch databases of its own on the same server:
 6. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
 7. ``bench_http.py``     claim + submit over HTTP vs the Python client
 8. ``bench_idle.py``     CPU of an idle ``batonq worker``
-9. ``plot.py``           PNG plots of the newest results
+9. ``bench_sustained.py`` minutes of mixed load at W = 4/16/64 vs a raw loop, on a
+                         private cluster of its own with autovacuum on
+10. ``plot.py``          PNG plots of the newest results
 
 Then ``compare.py`` sets each ratio of the results just written against the
 newest earlier result of the same kind in the results directory, and flags
@@ -26,7 +28,7 @@ still run; the exit code is 1 if any failed, else 3 if a ratio fell.
 
 Usage::
 
-    .venv/bin/python bench/run_all.py             # everything, about 10 minutes (2 cores)
+    .venv/bin/python bench/run_all.py             # everything, about 45 minutes (2 cores)
     .venv/bin/python bench/run_all.py --quick     # smoke: every script's small mode, about a minute
     .venv/bin/python bench/run_all.py --only core,workers --dsn postgresql://postgres@db:5432/postgres
 """
@@ -49,7 +51,7 @@ PEERS = {
     Path("/tmp/peer-pgqueuer"): ["pgqueuer==1.6.0", "asyncpg"],
     Path("/tmp/peer-procrastinate"): ["procrastinate==3.10.0", "psycopg[binary]"],
 }
-STEPS = ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "plot")
+STEPS = ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "sustained", "plot")
 
 
 def _stamp() -> str:
@@ -143,6 +145,8 @@ def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: P
     if step == "idle":
         seconds = "3" if quick else "60"
         return [[*py, str(BENCH / "bench_idle.py"), "--dsn", dsn, "--seconds", seconds, "--out", str(out)]]
+    if step == "sustained":  # its own cluster: no --dsn
+        return [[*py, str(BENCH / "bench_sustained.py"), "--out", str(out), *(["--quick"] if quick else [])]]
     if step == "plot":
         return [[*py, str(BENCH / "plot.py"), "--results", str(out), "--out", str(img)]]
     raise ValueError(f"unknown step {step!r}")

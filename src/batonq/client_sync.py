@@ -391,7 +391,9 @@ class Client:
         limit: int | None = None,
         patterns: Sequence[str] | None = None,
     ) -> list[QueueStats]:
-        """Counts per state and oldest claimable age, per queue (by name).
+        """Counts per state and oldest claimable age, per queue (by name). Exact;
+        the finished states are kept as tasks finish, so this costs the same
+        however large the archive.
 
         A page: the first ``limit`` queues named after ``after`` that match
         one of ``patterns`` (anchored POSIX regular expressions)."""

@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from tests.bench_scripts import run_bench
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.timeout(660)  # above run_bench's own 600 s
 def test_run_all_quick_writes_every_result_and_plot(server_dsn: str, tmp_path: Path) -> None:
     run_bench("run_all.py", "--quick", "--no-peers", "--dsn", server_dsn, "--out", str(tmp_path), timeout=600)
 
-    for kind in ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle"):
+    for kind in ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "sustained"):
         files = list(tmp_path.glob(f"{kind}-*.json"))
         assert len(files) == 1, (kind, sorted(p.name for p in tmp_path.iterdir()))
         assert json.loads(files[0].read_text()), kind

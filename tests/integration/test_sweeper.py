@@ -11,6 +11,7 @@ from psycopg.conninfo import conninfo_to_dict
 from tests.waiting import wait_for
 
 import batonq
+from batonq.sweeper import _VACUUM_DUE as VACUUM_DUE
 
 Q = "idle:queue"  # nobody claims from it once its leases are out
 LEASE_S = 1
@@ -74,3 +75,44 @@ def test_one_leader_sweeps_and_another_takes_over_when_it_stops(
         for sweeper in sweepers:
             sweeper.stop()
     assert wait_for(lambda: advisory_locks(sql, dsn) == 0, timeout=5, what="the lock to go")
+
+
+def hot_partition_stats(sql: psycopg.Connection[Any], queue: str) -> tuple[int, int]:
+    """(dead row versions, vacuums so far) of the hot partition ``queue`` lives in."""
+    row = sql.execute(
+        """SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables
+            WHERE relid = (SELECT tableoid FROM batonq.tasks WHERE queue = %s LIMIT 1)""",
+        (queue,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_the_leader_vacuums_a_hot_partition_full_of_dead_rows(
+    admin_dsn: str, dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    queue = "busy:queue"
+    sql.execute("SELECT batonq.enqueue_many(%s, array_fill('{}'::jsonb, ARRAY[501]))", (queue,))
+    # 500 claimed and completed: a moved row and a deleted row each.
+    tokens = [t for (t,) in sql.execute("SELECT lease_token FROM batonq.claim(%s, 'w', 500)", (queue,))]
+    sql.execute("SELECT count(*) FROM batonq.complete_many(%s)", (tokens,))
+    sql.execute("SELECT pg_stat_force_next_flush()")
+    sql.execute("SELECT 1")
+    dead, vacuums = hot_partition_stats(sql, queue)
+    assert dead >= 1000
+
+    # The worker role owns nothing: its sweeper leaves vacuum to the owner.
+    for who, due in ((dsn, 0), (admin_dsn, 1)):
+        with psycopg.connect(who) as conn:
+            assert len(conn.execute(VACUUM_DUE, (1000,)).fetchall()) == due, who
+
+    owner_side = batonq.Sweeper(admin_dsn, interval_s=0.1, vacuum_dead=1000)
+    owner_side.start()
+    try:
+        wait_for(lambda: owner_side.vacuums, timeout=10, what="a vacuum")
+    finally:
+        owner_side.stop()
+    dead_after, _ = wait_for(
+        lambda: (s := hot_partition_stats(sql, queue))[1] > vacuums and s, timeout=15, what="the stats"
+    )
+    assert dead_after < 1000

@@ -84,7 +84,13 @@ class Batonq(Target):
     """batonq through its synchronous client, one pool shared by the threads."""
 
     label = "batonq"
-    tables = ("batonq.tasks", "batonq.archive", "batonq.submits", "batonq.idempotency_keys")
+    tables = (
+        "batonq.tasks",
+        "batonq.archive",
+        "batonq.submits",
+        "batonq.idempotency_keys",
+        "batonq.finished_counts",
+    )
 
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)

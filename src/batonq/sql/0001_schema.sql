@@ -137,6 +137,18 @@ CREATE INDEX archive_queue_idx ON batonq.archive (queue, state, id DESC);
 CREATE INDEX archive_root_idx ON batonq.archive (root_id) WHERE parent_id IS NOT NULL;
 CREATE INDEX archive_join_idx ON batonq.archive (join_task_id, fan_index) WHERE join_task_id IS NOT NULL;
 
+-- Finished tasks per queue and state, kept as tasks enter and leave the
+-- archive (triggers on batonq.archive, 0006), so queue_stats costs the same
+-- with ten million finished tasks as with none. Rows are deltas, never
+-- updated in place: concurrent completes each add a row and do not wait on
+-- one another; maintain() folds them into one row per (queue, state).
+CREATE TABLE batonq.finished_counts (
+    queue  text NOT NULL,
+    state  text NOT NULL,
+    n      bigint NOT NULL
+);
+CREATE INDEX finished_counts_queue_idx ON batonq.finished_counts (queue);
+
 -- Until when someone waits for wake-ups on a queue (batonq.await_work and
 -- batonq._wake). Unlogged: after a crash it starts empty, and waiters
 -- register again before their next sleep.

@@ -119,6 +119,55 @@ BEGIN ATOMIC
      ORDER BY s.task_id, s.at;
 END;
 
+-- Keeps batonq.finished_counts: one delta row per (queue, state) that a
+-- statement on the archive changed. Statement triggers with transition
+-- tables, so a batch complete adds one row, and every way into or out of the
+-- archive (complete, fail, cancel, expiry, the graph, retry, retention) is
+-- counted without each of them saying so.
+CREATE FUNCTION batonq._count_finished() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO batonq.finished_counts (queue, state, n)
+        SELECT queue, state, count(*) FROM new_rows GROUP BY queue, state;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO batonq.finished_counts (queue, state, n)
+        SELECT queue, state, -count(*) FROM old_rows GROUP BY queue, state;
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO batonq.finished_counts (queue, state, n)
+        SELECT queue, state, sum(n) FROM (
+            SELECT queue, state, 1 AS n FROM new_rows
+            UNION ALL
+            SELECT queue, state, -1 FROM old_rows
+        ) d GROUP BY queue, state HAVING sum(n) <> 0;
+    ELSE  -- TRUNCATE
+        DELETE FROM batonq.finished_counts;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER archive_count_insert AFTER INSERT ON batonq.archive
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
+CREATE TRIGGER archive_count_delete AFTER DELETE ON batonq.archive
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
+CREATE TRIGGER archive_count_update AFTER UPDATE ON batonq.archive
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
+CREATE TRIGGER archive_count_truncate AFTER TRUNCATE ON batonq.archive
+    FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
+
+-- Fold the delta rows into one row per (queue, state). Safe beside
+-- concurrent moves and another fold: rows added meanwhile are neither
+-- deleted nor summed here, and a row two folds both saw is deleted once.
+CREATE FUNCTION batonq._fold_counts() RETURNS void
+LANGUAGE sql AS $$
+    WITH gone AS (
+        DELETE FROM batonq.finished_counts RETURNING queue, state, n
+    )
+    INSERT INTO batonq.finished_counts (queue, state, n)
+    SELECT queue, state, sum(n) FROM gone GROUP BY queue, state HAVING sum(n) <> 0;
+$$;
+
 -- Per queue: its settings, how many tasks are in each state, and the age of
 -- the oldest claimable task. NULL p_queue means every queue. A page: the
 -- first p_limit queues by name after p_after whose names match one of
@@ -154,10 +203,11 @@ BEGIN ATOMIC
             FROM batonq.tasks t WHERE t.queue = q.name
       ) h ON true
       LEFT JOIN LATERAL (
-          SELECT count(*) FILTER (WHERE x.state = 'done') AS done,
-                 count(*) FILTER (WHERE x.state = 'dead') AS dead,
-                 count(*) FILTER (WHERE x.state = 'cancelled') AS cancelled
-            FROM batonq.archive x WHERE x.queue = q.name
+          -- Kept as tasks move (batonq._count_finished), not counted here.
+          SELECT sum(c.n) FILTER (WHERE c.state = 'done') AS done,
+                 sum(c.n) FILTER (WHERE c.state = 'dead') AS dead,
+                 sum(c.n) FILTER (WHERE c.state = 'cancelled') AS cancelled
+            FROM batonq.finished_counts c WHERE c.queue = q.name
       ) a ON true
      ORDER BY q.name;
 END;
