@@ -18,6 +18,7 @@ N = TypeVar("N", bound=Hashable)
 
 NODE_W, NODE_H = 150, 40
 GAP_X, GAP_Y = 30, 60
+LABEL_GAP = 150  # between layers drawn left to right: room for an edge's label
 PAD = 10
 
 
@@ -69,7 +70,7 @@ def layered(nodes: Sequence[N], edges: Sequence[tuple[N, N]], *, vertical: bool 
     for depth, members in rows.items():
         for i, node in enumerate(members):
             along = PAD + i * (NODE_W + GAP_X if vertical else NODE_H + GAP_Y // 2)
-            across = PAD + depth * (NODE_H + GAP_Y if vertical else NODE_W + GAP_X * 2)
+            across = PAD + depth * (NODE_H + GAP_Y if vertical else NODE_W + LABEL_GAP)
             placed[node] = Placed(node, along, across) if vertical else Placed(node, across, along)
     drawn = [
         (placed[a], placed[b], i) for i, (a, b) in enumerate(edges) if a in placed and b in placed

@@ -126,7 +126,8 @@ async def login(request: Request) -> Response:
     try:
         await sign_in(request, key.strip() if isinstance(key, str) else "", response)
     except ApiError as error:
-        return _page(request, None, "login.html", status=401, error=error.message)
+        # 200, not 401: the form again, with the reason (a 401 page is a console error)
+        return _page(request, None, "login.html", error=error.message)
     return response
 
 
