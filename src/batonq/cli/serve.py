@@ -33,7 +33,8 @@ __all__ = ["serve"]
 def serve(
     ctx: click.Context, host: str, port: int, max_body_bytes: int, keepalive_s: float, log_level: str
 ) -> None:
-    """Run the HTTP API (/v1), with a sweeper, on the embedded database by default.
+    """Run the HTTP API (/v1) and the dashboard (/ui), with a sweeper, on the
+    embedded database by default.
 
     On its first start (no API key yet) it prints an admin key, once.
     Run several against one database to scale out.
@@ -57,5 +58,7 @@ def serve(
             "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
             err=True,
         )
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"Dashboard: http://{shown}:{port}/ui (sign in with an API key)", err=True)
     app = create_app(dsn, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
