@@ -21,22 +21,33 @@ def covers(patterns: Iterable[str], queue: str) -> bool:
 
 def scope_regex(pattern: str) -> str:
     """A key's glob pattern as an anchored POSIX regular expression that
-    matches the same queue names as ``covers`` (for the engine's reads that
-    apply scopes in SQL). ``[`` without its ``]`` is a plain character, as in
-    fnmatch."""
-    out, i = [], 0
-    while i < len(pattern):
+    matches the same queue names as ``covers`` does (for the engine's reads
+    that apply scopes in SQL). A bracket expression becomes the list of the
+    queue-name characters it matches, asked of fnmatch itself; a ``[``
+    without its ``]`` is a plain character, as in fnmatch."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
         char = pattern[i]
-        close = pattern.find("]", i + 2 if pattern[i + 1 : i + 2] in ("!", "]") else i + 1)
-        if char == "[" and close != -1:
-            body = pattern[i + 1 : close]
-            if body.startswith("!"):
-                body = "^" + body[1:]
-            elif body.startswith("^"):
-                body = "\\^" + body[1:]
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = close + 1
-            continue
-        out.append(".*" if char == "*" else "." if char == "?" else re.escape(char))
         i += 1
+        if char == "*":
+            out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char != "[":
+            out.append(re.escape(char))
+        else:
+            j = i + 1 if pattern[i : i + 1] == "!" else i  # where fnmatch looks for the closing ]
+            j = j + 1 if pattern[j : j + 1] == "]" else j
+            j = pattern.find("]", j)
+            if j == -1:
+                out.append(re.escape("["))
+                continue
+            members = [c for c in _NAME_CHARS if fnmatchcase(c, pattern[i - 1 : j + 1])]
+            # No queue name holds a *: an empty set matches nothing.
+            out.append("(" + "|".join(re.escape(c) for c in members) + ")" if members else "\\*")
+            i = j + 1
     return "^" + "".join(out) + "$"
+
+
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_.:-"
+"""The characters of queue names (batonq._valid_queue_name)."""
