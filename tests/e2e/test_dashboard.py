@@ -250,7 +250,8 @@ def test_graph_and_workers_pages(admin: Page, client: Client) -> None:
     shot(admin, "tasks")
 
     admin.get_by_role("link", name="Workers").click()
-    line = admin.locator("table.workers tbody tr", has=admin.get_by_role("rowheader", name="delta", exact=True))
+    delta = admin.get_by_role("rowheader", name="delta", exact=True)
+    line = admin.locator("table.workers tbody tr", has=delta)
     expect(line).to_have_count(1)
     expect(line.locator("td").nth(0)).to_have_text("1")  # done
     shot(admin, "workers")
