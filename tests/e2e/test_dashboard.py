@@ -352,7 +352,10 @@ def test_a_phone_in_dark_mode_reads_the_queues(
         expect(page.get_by_role("link", name="Dead letters")).to_be_visible()
         background = page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert background == "rgb(21, 23, 26)", background
+        shot(page, "phone-dark")
         # Keyboard: the skip link comes first and leads to the content.
         page.keyboard.press("Tab")
         expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
-        shot(page, "phone-dark")
+        page.keyboard.press("Enter")
+        page.keyboard.press("Tab")  # from the content: the first control of the page
+        expect(page.get_by_label("Find a queue")).to_be_focused()

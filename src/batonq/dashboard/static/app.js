@@ -26,13 +26,23 @@
   document.addEventListener("DOMContentLoaded", function () { drawSparks(document); });
   document.addEventListener("htmx:afterSettle", function (e) { drawSparks(e.target); });
 
-  // A live region re-rendered under the keyboard would drop its focus:
-  // skip a refresh while focus is inside it, and while the tab is hidden.
+  // The queue table asks for its next state 2 s after it got the last one,
+  // so a slow database is never asked twice at once. Re-rendered under the
+  // keyboard it would drop the focus: while the focus is inside it (or the
+  // tab is hidden), it waits another 2 s instead.
   document.addEventListener("htmx:beforeRequest", function (e) {
     var el = e.detail.elt;
     if (el.id === "queue-rows" && (document.hidden || el.contains(document.activeElement))) {
       e.preventDefault();
+      htmx.trigger(el, "refresh");
     }
+  });
+
+  // After a failed refresh (the server restarting, say), try again.
+  ["htmx:sendError", "htmx:responseError"].forEach(function (name) {
+    document.addEventListener(name, function (e) {
+      if (e.detail.elt.id === "queue-rows") htmx.trigger(e.detail.elt, "refresh");
+    });
   });
 
   document.addEventListener("submit", function (e) {
