@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from batonq.dashboard.views import router
+from batonq.dashboard.views import NotSignedIn, router, to_login
 
 __all__ = ["mount"]
 
@@ -20,6 +20,7 @@ STATIC = Path(__file__).with_name("static")
 def mount(app: FastAPI) -> None:
     """Serve the dashboard at /ui, and send / there."""
     app.include_router(router)
+    app.add_exception_handler(NotSignedIn, to_login)
     app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
 
     @app.get("/", include_in_schema=False)

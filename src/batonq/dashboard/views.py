@@ -12,9 +12,9 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -27,7 +27,7 @@ from batonq.service.problems import ApiError
 from batonq.service.reads import LINEAGE_LIMIT, visible_task
 from batonq.service.state import client_of
 
-__all__ = ["router"]
+__all__ = ["NotSignedIn", "router", "to_login"]
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).with_name("templates"))
@@ -105,9 +105,23 @@ def _text(value: str | None) -> str | None:
     return value or None
 
 
-async def _signed_in(request: Request) -> Session | Response:
+class NotSignedIn(Exception):
+    """Raised by the ``Reader`` dependency; answered by ``to_login``."""
+
+
+async def _signed_in(request: Request) -> Session:
     session = await current(request)
-    return session if session is not None else _to_login(request)
+    if session is None:
+        raise NotSignedIn()
+    return session
+
+
+async def to_login(request: Request, _: Exception) -> Response:
+    """Send a request without a valid session to the sign-in page."""
+    return _to_login(request)
+
+
+Reader = Annotated[Session, Depends(_signed_in)]
 
 
 # -- signing in ---------------------------------------------------------------
@@ -179,18 +193,12 @@ async def _queue_rows(request: Request, session: Session) -> dict[str, Any]:
 
 
 @router.get("")
-async def queues_page(request: Request) -> Response:
-    session = await _signed_in(request)
-    if isinstance(session, Response):
-        return session
+async def queues_page(request: Request, session: Reader) -> Response:
     return _page(request, session, "queues.html", **await _queue_rows(request, session))
 
 
 @router.get("/queues/rows")
-async def queue_rows(request: Request) -> Response:
-    session = await _signed_in(request)
-    if isinstance(session, Response):
-        return session
+async def queue_rows(request: Request, session: Reader) -> Response:
     return _page(request, session, "_queue_rows.html", **await _queue_rows(request, session))
 
 
@@ -198,10 +206,7 @@ async def queue_rows(request: Request) -> Response:
 
 
 @router.get("/tasks")
-async def tasks_page(request: Request) -> Response:
-    session = await _signed_in(request)
-    if isinstance(session, Response):
-        return session
+async def tasks_page(request: Request, session: Reader) -> Response:
     params = request.query_params
     queue, state = _text(params.get("queue")), _text(params.get("state"))
     key, worker, before = _text(params.get("key")), _text(params.get("worker")), _text(params.get("before"))
@@ -282,10 +287,7 @@ async def _visible(request: Request, session: Session, task_id: str) -> Task | R
 
 
 @router.get("/tasks/{task_id}")
-async def task_page(request: Request, task_id: str) -> Response:
-    session = await _signed_in(request)
-    if isinstance(session, Response):
-        return session
+async def task_page(request: Request, task_id: str, session: Reader) -> Response:
     task = await _visible(request, session, task_id)
     if isinstance(task, Response):
         return task
@@ -337,10 +339,7 @@ async def act(request: Request, task_id: str, action: str) -> Response:
 
 
 @router.get("/dead")
-async def dead_page(request: Request) -> Response:
-    session = await _signed_in(request)
-    if isinstance(session, Response):
-        return session
+async def dead_page(request: Request, session: Reader) -> Response:
     params = request.query_params
     queue, error, before = _text(params.get("queue")), _text(params.get("error")), _text(params.get("before"))
     found: list[Task] = []
@@ -421,10 +420,7 @@ def backlog_level(stats: QueueStats | None) -> str:
 
 
 @router.get("/graph")
-async def graph_page(request: Request) -> Response:
-    session = await _signed_in(request)
-    if isinstance(session, Response):
-        return session
+async def graph_page(request: Request, session: Reader) -> Response:
     client = client_of(request)
     edges = [e for e in await client.edges() if session.covers(e.from_queue) or session.covers(e.to_queue)]
     names = sorted({e.from_queue for e in edges} | {e.to_queue for e in edges})
@@ -439,10 +435,7 @@ async def graph_page(request: Request) -> Response:
 
 
 @router.get("/workers")
-async def workers_page(request: Request) -> Response:
-    session = await _signed_in(request)
-    if isinstance(session, Response):
-        return session
+async def workers_page(request: Request, session: Reader) -> Response:
     window = request.query_params.get("window", "24h")
     if window not in WINDOWS:
         window = "24h"

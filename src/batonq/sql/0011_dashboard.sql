@@ -70,36 +70,41 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_before bigint := coalesce(p_before_id, 9223372036854775807);
+    v_limit  integer := least(greatest(p_limit, 1), 1000);
 BEGIN
     IF p_key IS NULL AND p_worker IS NULL THEN
         RETURN QUERY SELECT * FROM batonq.list_tasks(p_queue, p_state, p_limit, p_before_id);
         RETURN;
     END IF;
-    PERFORM batonq._check_queue_name(p_queue);
-    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
-        PERFORM batonq._invalid_argument('limit must be between 1 and 1000');
+    IF p_key IS NOT NULL THEN
+        -- A key names at most one task: found by id, hot or archived.
+        RETURN QUERY
+        SELECT v.* FROM batonq.idempotency_keys k
+         CROSS JOIN LATERAL (
+             SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
+              WHERE t.queue = p_queue AND t.id = k.task_id
+             UNION ALL
+             SELECT (batonq._archive_view(a)).* FROM batonq.archive a
+              WHERE a.id = k.task_id AND a.queue = p_queue
+         ) v
+         WHERE k.queue = p_queue AND k.key = p_key AND v.id < v_before
+           AND (p_worker IS NULL OR v.worker = p_worker) AND (p_state IS NULL OR v.state = p_state);
+        RETURN;
     END IF;
-    -- A key names at most one task (idempotency_keys); without one, the
-    -- queue's rows are read newest first and filtered by worker.
+    -- By worker: the queue's rows newest first, filtered (no index by worker).
     RETURN QUERY
     SELECT v.* FROM (
         (SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
-          WHERE t.queue = p_queue AND t.id < v_before
-            AND (p_key IS NULL OR t.id = (SELECT k.task_id FROM batonq.idempotency_keys k
-                                           WHERE k.queue = p_queue AND k.key = p_key))
-            AND (p_worker IS NULL OR t.worker = p_worker)
+          WHERE t.queue = p_queue AND t.id < v_before AND t.worker = p_worker
             AND (p_state IS NULL OR t.state = p_state)
-          ORDER BY t.id DESC LIMIT p_limit)
+          ORDER BY t.id DESC LIMIT v_limit)
         UNION ALL
         (SELECT (batonq._archive_view(a)).* FROM batonq.archive a
-          WHERE a.queue = p_queue AND a.id < v_before
-            AND (p_key IS NULL OR a.id = (SELECT k.task_id FROM batonq.idempotency_keys k
-                                           WHERE k.queue = p_queue AND k.key = p_key))
-            AND (p_worker IS NULL OR a.worker = p_worker)
+          WHERE a.queue = p_queue AND a.id < v_before AND a.worker = p_worker
             AND (p_state IS NULL OR a.state = p_state)
-          ORDER BY a.id DESC LIMIT p_limit)
+          ORDER BY a.id DESC LIMIT v_limit)
     ) v
-    ORDER BY v.id DESC LIMIT p_limit;
+    ORDER BY v.id DESC LIMIT v_limit;
 END $$;
 
 -- Dead tasks across the queues in scope, newest first: optionally of one
