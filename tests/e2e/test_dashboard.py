@@ -199,8 +199,9 @@ def test_a_dead_task_is_retried_in_three_clicks(admin: Page, client: Client) -> 
     admin.get_by_role("link", name="Dead letters").click()  # 1
     shot(admin, "dead")
     admin.get_by_role("button", name=f"Retry t_{task.task_id}").click()  # 2, 3: confirm
-    expect(admin).to_have_url(re.compile(rf"/ui/tasks/t_{task.task_id}$"))
+    expect(admin).to_have_url(re.compile(rf"/ui/tasks/t_{task.task_id}\?did=retry$"))
     expect(admin.locator("#task-state")).to_have_text("pending")
+    expect(admin.get_by_role("status")).to_have_text(f"t_{task.task_id} is pending now.")
     assert client.task(task.task_id).state == "pending"
 
     # The task page's own button answers in place, and says what happened.

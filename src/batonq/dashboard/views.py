@@ -291,7 +291,11 @@ async def task_page(request: Request, task_id: str, session: Reader) -> Response
     task = await _visible(request, session, task_id)
     if isinstance(task, Response):
         return task
-    return _page(request, session, "task.html", **await _task_context(request, session, task))
+    outcome = None
+    if request.query_params.get("did") in ACTIONS:  # back from a plain form's action
+        outcome = {"ok": True, "text": f"{operations.task_ref(task.id)} is {task.state} now."}
+    context = await _task_context(request, session, task)
+    return _page(request, session, "task.html", outcome=outcome, **context)
 
 
 async def _may_act(request: Request, session: Session | None) -> Response | None:
@@ -329,10 +333,12 @@ async def act(request: Request, task_id: str, action: str) -> Response:
     except errors.BatonqError as error:
         task = await client.task(task.id)
         outcome = {"ok": False, "text": error.message}
-    if not request.headers.get("hx-request"):
-        return RedirectResponse(f"/ui/tasks/{operations.task_ref(task.id)}", status_code=303)
+    plain = not request.headers.get("hx-request")
+    if plain and outcome["ok"]:  # a plain form: show the task, and reloading it acts no more
+        return RedirectResponse(f"/ui/tasks/{operations.task_ref(task.id)}?did={action}", status_code=303)
     context = await _task_context(request, session, task)
-    return _page(request, session, "_task_summary.html", outcome=outcome, **context)
+    name = "task.html" if plain else "_task_summary.html"
+    return _page(request, session, name, outcome=outcome, **context)
 
 
 # -- dead letters ---------------------------------------------------------------
