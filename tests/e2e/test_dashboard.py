@@ -150,6 +150,11 @@ def test_queue_counts_match_the_database_and_follow_an_enqueue_without_a_reload(
     client.enqueue("counts:c", {"new": True})
     expect(row(admin, "counts:a").locator('[data-state="pending"]')).to_have_text("3", timeout=WAIT_MS)
     expect(row(admin, "counts:c")).to_be_visible(timeout=WAIT_MS)
+    expect(admin.get_by_role("columnheader", name="Paused")).to_have_count(0)
+    client.configure_queue("counts:b", paused=True)
+    expect(row(admin, "counts:b").get_by_text("paused")).to_be_visible(timeout=WAIT_MS)
+    expect(admin.get_by_role("columnheader", name="Paused")).to_have_count(1)
+    client.configure_queue("counts:b", paused=False)
     assert admin.evaluate("window.notReloaded") is True
     expect(row(admin, "counts:a").locator(".spark canvas")).to_have_count(1)
 
