@@ -25,6 +25,7 @@ from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput
 from batonq.rings import RINGS
 from batonq.service.problems import ApiError
 from batonq.service.reads import LINEAGE_LIMIT, visible_task
+from batonq.service.schemas import RunOut
 from batonq.service.state import client_of
 
 __all__ = ["NotSignedIn", "router", "to_login"]
@@ -269,7 +270,7 @@ async def _task_context(request: Request, session: Session, task: Task) -> dict[
         "task": task,
         "attempts": _attempts(task),
         "late_writes": late,
-        "run": run,
+        "run": RunOut.of(run, session.covers),  # where it failed only if the key covers it, as the API
         "tree": tree,
         "family": {t.id: t for t in family},
         "parent_visible": task.parent_id in ids,
