@@ -31,14 +31,17 @@ from batonq.models import (
     Edge,
     Enqueued,
     KeyAuth,
+    LateWrite,
     Lease,
     NewKey,
     QueueConfig,
     QueueStats,
     RunStatus,
+    Scorecard,
     SetAsideWrite,
     Submitted,
     Task,
+    Throughput,
 )
 from batonq.operations import MISSING, Call
 from batonq.sweeper import Sweeper
@@ -501,6 +504,66 @@ class AsyncClient:
     async def run_status(self, root_id: int | str) -> RunStatus:
         """running, done, or failed at its first dead task (with the error)."""
         return await self._run(operations.run_status(root_id))
+
+    async def queue_page(
+        self,
+        scopes: Sequence[str] = ("*",),
+        *,
+        search: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[QueueStats]:
+        """Counts of a page of queues by name (after ``after``): those a key
+        with ``scopes`` covers and whose name contains ``search``."""
+        return await self._run(operations.queue_page(scopes, search=search, after=after, limit=limit))
+
+    async def queue_count(self, scopes: Sequence[str] = ("*",), *, search: str | None = None) -> int:
+        """How many queues ``queue_page`` pages through."""
+        return await self._run(operations.queue_count(scopes, search=search))
+
+    async def throughput(self, queues: Sequence[str], minutes: int = 15) -> list[Throughput]:
+        """Tasks finished per queue and minute over the last ``minutes``."""
+        return await self._run(operations.throughput(queues, minutes))
+
+    async def find_tasks(
+        self,
+        queue: str,
+        *,
+        state: str | None = None,
+        key: str | None = None,
+        worker: str | None = None,
+        limit: int = 50,
+        before_id: int | str | None = None,
+    ) -> list[Task]:
+        """The newest tasks of a queue, by state, idempotency key and last worker."""
+        call = operations.find_tasks(
+            queue, state=state, key=key, worker=worker, limit=limit, before_id=before_id
+        )
+        return await self._run(call)
+
+    async def dead_tasks(
+        self,
+        scopes: Sequence[str] = ("*",),
+        *,
+        queue: str | None = None,
+        error: str | None = None,
+        limit: int = 50,
+        before_id: int | str | None = None,
+    ) -> list[Task]:
+        """Dead tasks across the queues ``scopes`` cover, newest first."""
+        call = operations.dead_tasks(scopes, queue=queue, error=error, limit=limit, before_id=before_id)
+        return await self._run(call)
+
+    async def late_writes(self, task_id: int | str) -> list[LateWrite]:
+        """The writes about a task that came after their lease was lost, set aside."""
+        return await self._run(operations.late_writes(task_id))
+
+    async def worker_scorecards(
+        self, scopes: Sequence[str] = ("*",), *, since_s: float = 86400.0
+    ) -> list[Scorecard]:
+        """Per worker name over the last ``since_s`` seconds: done, failed,
+        dead, late writes refused, median duration, last seen."""
+        return await self._run(operations.worker_scorecards(scopes, since_s=since_s))
 
     async def create_key(self, ring: int, queues: Sequence[str] = ("*",), name: str = "") -> NewKey:
         """Make an API key (ring 0 admin … 3 observer, queue glob scopes).

@@ -12,14 +12,17 @@ __all__ = [
     "Edge",
     "Enqueued",
     "KeyAuth",
+    "LateWrite",
     "Lease",
     "NewKey",
     "QueueConfig",
     "QueueStats",
     "RunStatus",
+    "Scorecard",
     "SetAsideWrite",
     "Submitted",
     "Task",
+    "Throughput",
 ]
 
 JSON = Any
@@ -235,3 +238,39 @@ class KeyAuth:
     ring: int
     queues: list[str]
     revoked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Throughput:
+    """Tasks of a queue that finished within one minute."""
+
+    queue: str
+    minute: datetime
+    done: int
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class LateWrite:
+    """A write about a task refused and set aside in the submit ledger: it
+    came under the lease with ``fencing_token`` after that lease was lost."""
+
+    fencing_token: int
+    kind: str
+    state_after: str
+    body: JSON
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Scorecard:
+    """One worker name's record over a time window (see ``worker_scorecards``);
+    ``worker`` is None for late writes whose lease holder is not recorded."""
+
+    worker: str | None
+    done: int
+    failed: int
+    dead: int
+    late_writes: int
+    median_s: float | None
+    last_seen: datetime | None

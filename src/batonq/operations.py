@@ -22,15 +22,19 @@ from batonq.models import (
     Edge,
     Enqueued,
     KeyAuth,
+    LateWrite,
     Lease,
     NewKey,
     QueueConfig,
     QueueStats,
     RunStatus,
+    Scorecard,
     SetAsideWrite,
     Submitted,
     Task,
+    Throughput,
 )
+from batonq.rings import scope_regex
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -448,3 +452,72 @@ def keys() -> Call[list[ApiKey]]:
 
 def revoke_key(key_id: int) -> Call[ApiKey]:
     return Call("SELECT * FROM batonq.revoke_key(%s)", (key_id,), _one(ApiKey))
+
+
+def _scopes(scopes: Sequence[str]) -> list[str]:
+    return [scope_regex(pattern) for pattern in scopes]
+
+
+def queue_page(
+    scopes: Sequence[str] = ("*",), *, search: str | None = None, after: str | None = None, limit: int = 50
+) -> Call[list[QueueStats]]:
+    return Call(
+        "SELECT * FROM batonq.queue_page(%s::text[], %s, %s, %s)",
+        (_scopes(scopes), search, after, limit),
+        _all(QueueStats),
+    )
+
+
+def queue_count(scopes: Sequence[str] = ("*",), *, search: str | None = None) -> Call[int]:
+    return Call(
+        "SELECT batonq.queue_count(%s::text[], %s)", (_scopes(scopes), search), lambda rows: int(rows[0][0])
+    )
+
+
+def throughput(queues: Sequence[str], minutes: int = 15) -> Call[list[Throughput]]:
+    return Call(
+        "SELECT * FROM batonq.throughput(%s::text[], %s)", (list(queues), minutes), _all(Throughput)
+    )
+
+
+def find_tasks(
+    queue: str,
+    *,
+    state: str | None = None,
+    key: str | None = None,
+    worker: str | None = None,
+    limit: int = 50,
+    before_id: int | str | None = None,
+) -> Call[list[Task]]:
+    return Call(
+        "SELECT * FROM batonq.find_tasks(%s, %s, %s, %s, %s, %s)",
+        (queue, state, key, worker, limit, None if before_id is None else task_id(before_id)),
+        _all(Task),
+    )
+
+
+def dead_tasks(
+    scopes: Sequence[str] = ("*",),
+    *,
+    queue: str | None = None,
+    error: str | None = None,
+    limit: int = 50,
+    before_id: int | str | None = None,
+) -> Call[list[Task]]:
+    return Call(
+        "SELECT * FROM batonq.dead_tasks(%s::text[], %s, %s, %s, %s)",
+        (_scopes(scopes), queue, error, limit, None if before_id is None else task_id(before_id)),
+        _all(Task),
+    )
+
+
+def late_writes(id: int | str) -> Call[list[LateWrite]]:
+    return Call("SELECT * FROM batonq.late_writes(%s)", (task_id(id),), _all(LateWrite))
+
+
+def worker_scorecards(scopes: Sequence[str] = ("*",), *, since_s: float = 86400.0) -> Call[list[Scorecard]]:
+    return Call(
+        "SELECT * FROM batonq.worker_scorecards(%s::text[], %s)",
+        (_scopes(scopes), float(since_s)),
+        _all(Scorecard),
+    )

@@ -4,10 +4,11 @@ patterns cover."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
-__all__ = ["ADMIN", "OBSERVER", "OPERATOR", "RINGS", "WORKER", "covers", "pattern_regex"]
+__all__ = ["ADMIN", "OBSERVER", "OPERATOR", "RINGS", "WORKER", "covers", "scope_regex"]
 
 ADMIN, OPERATOR, WORKER, OBSERVER = 0, 1, 2, 3
 RINGS = {ADMIN: "admin", OPERATOR: "operator", WORKER: "worker", OBSERVER: "observer"}
@@ -18,29 +19,35 @@ def covers(patterns: Iterable[str], queue: str) -> bool:
     return any(fnmatchcase(queue, pattern) for pattern in patterns)
 
 
-def pattern_regex(pattern: str) -> str:
-    """A queue pattern as an anchored POSIX regular expression (what
-    PostgreSQL's ``~`` takes) that matches every name ``covers`` matches:
-    exactly, but for a ``[...]`` set, which matches any one character here
-    (so filter with ``covers`` as well)."""
-    out, i = ["^"], 0
-    while i < len(pattern):
+def scope_regex(pattern: str) -> str:
+    """A key's glob pattern as an anchored POSIX regular expression that
+    matches the same queue names as ``covers`` does (for the engine's reads
+    that apply scopes in SQL). A bracket expression becomes the list of the
+    queue-name characters it matches, asked of fnmatch itself; a ``[``
+    without its ``]`` is a plain character, as in fnmatch."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
         char = pattern[i]
         i += 1
         if char == "*":
             out.append(".*")
         elif char == "?":
             out.append(".")
-        elif char == "[":
-            # Where fnmatch's set ends: a "!" first negates, a "]" first (or
-            # after the "!") is a member; without a closing "]" it is literal.
-            j = i + 1 if pattern[i : i + 1] == "!" else i
-            j = pattern.find("]", j + 1 if pattern[j : j + 1] == "]" else j)
-            if j < 0:
-                out.append("\\[")
-            else:
-                out.append(".")
-                i = j + 1
+        elif char != "[":
+            out.append(re.escape(char))
         else:
-            out.append(char if char.isalnum() else "\\" + char)
-    return "".join(out) + "$"
+            j = i + 1 if pattern[i : i + 1] == "!" else i  # where fnmatch looks for the closing ]
+            j = j + 1 if pattern[j : j + 1] == "]" else j
+            j = pattern.find("]", j)
+            if j == -1:
+                out.append(re.escape("["))
+                continue
+            members = [c for c in _NAME_CHARS if fnmatchcase(c, pattern[i - 1 : j + 1])]
+            # No queue name holds a *: an empty set matches nothing.
+            out.append("(" + "|".join(re.escape(c) for c in members) + ")" if members else "\\*")
+            i = j + 1
+    return "^" + "".join(out) + "$"
+
+
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_.:-"
+"""The characters of queue names (batonq._valid_queue_name)."""

@@ -54,7 +54,8 @@ def serve(
     new_queues_per_key: int,
     log_level: str,
 ) -> None:
-    """Run the HTTP API (/v1), with a sweeper, on the embedded database by default.
+    """Run the HTTP API (/v1) and the dashboard (/ui), with a sweeper, on the
+    embedded database by default.
 
     On its first start (no API key yet) it prints an admin key, once.
     Run several against one database to scale out.
@@ -78,6 +79,8 @@ def serve(
             "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
             err=True,
         )
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"Dashboard: http://{shown}:{port}/ui (sign in with an API key)", err=True)
     app = create_app(
         dsn, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, max_streams_per_key=max_streams_per_key,
         new_queues_per_hour=new_queues_per_key,

@@ -163,5 +163,8 @@ def create_app(
     from batonq.mcp.http import mount as mount_mcp  # imported here: batonq.mcp imports batonq.service
 
     mount_mcp(app)  # MCP over streamable HTTP at /mcp, behind the same keys
+    from batonq.dashboard import mount as mount_dashboard  # it imports batonq.service too
+
+    mount_dashboard(app)  # the dashboard at /ui; / redirects there
     app.add_middleware(Limits, max_body_bytes=max_body_bytes, metrics=metrics)
     return app

@@ -11,7 +11,7 @@ from batonq.client import AsyncClient
 from batonq.errors import InvalidArgument, TaskNotFound
 from batonq.models import QueueStats, Task
 from batonq.operations import task_ref
-from batonq.rings import OBSERVER, pattern_regex
+from batonq.rings import OBSERVER, scope_regex
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
 from batonq.service.body import JsonRoute
@@ -57,12 +57,10 @@ async def queues(
 ) -> s.QueuesOut:
     """The key's queues by name, a page at a time: only the page's queues
     are counted."""
-    patterns = None if "*" in principal.queues else [pattern_regex(p) for p in principal.queues]
+    patterns = None if "*" in principal.queues else [scope_regex(p) for p in principal.queues]
     shown: list[QueueStats] = []
     after = cursor
     while True:
-        # The patterns may let through a few names the scopes do not cover
-        # (see pattern_regex): those are left out, and the page filled on.
         stats = await client_of(request).queues(after=after, limit=limit, patterns=patterns)
         shown += [q for q in stats if principal.covers(q.queue)][: limit - len(shown)]
         if len(stats) < limit or len(shown) == limit:

@@ -1,0 +1,450 @@
+"""The dashboard's pages and actions (under /ui).
+
+What a key sees and may do follows its ring and queue scopes exactly as the
+API: reads need any key and show only queues its scopes cover (a task
+outside them does not exist); actions need ring 1 (operator) or stronger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from batonq import errors, operations
+from batonq.dashboard import layout
+from batonq.dashboard.session import Session, check_csrf, current, sign_in, sign_out
+from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput
+from batonq.rings import RINGS
+from batonq.service.problems import ApiError
+from batonq.service.reads import LINEAGE_LIMIT, visible_task
+from batonq.service.schemas import RunOut
+from batonq.service.state import client_of
+
+__all__ = ["NotSignedIn", "router", "to_login"]
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+templates = Jinja2Templates(directory=Path(__file__).with_name("templates"))
+
+PAGE = 50
+SPARK_MINUTES = 15
+BULK_LIMIT = 500
+ACTIONS = ("retry", "cancel", "hold", "release")
+ALLOWED = {
+    "retry": ("dead", "cancelled"),
+    "cancel": ("waiting", "held", "pending", "leased"),
+    "hold": ("pending",),
+    "release": ("held",),
+}
+WINDOWS = {"1h": 3600.0, "24h": 86400.0, "7d": 604800.0}
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f}m {seconds % 60:.0f}s"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f}h {seconds % 3600 // 60:.0f}m"
+    return f"{seconds // 86400:.0f}d {seconds % 86400 // 3600:.0f}h"
+
+
+def _since(moment: datetime | None) -> str:
+    return "—" if moment is None else _age((datetime.now(UTC) - moment).total_seconds())
+
+
+def _until(moment: datetime | None) -> str:
+    return "—" if moment is None else _age((moment - datetime.now(UTC)).total_seconds())
+
+
+def _when(moment: datetime | None) -> str:
+    return "—" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+templates.env.filters.update(
+    age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=operations.task_ref
+)
+templates.env.globals.update(RINGS=RINGS, STATES=TASK_STATES, ALLOWED=ALLOWED)
+
+
+def _page(
+    request: Request, session: Session | None, name: str, status: int = 200, **context: Any
+) -> Response:
+    response = templates.TemplateResponse(
+        request, name, {"session": session, **context}, status_code=status
+    )
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Content-Security-Policy"] = (
+        "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
+    )
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def _to_login(request: Request) -> Response:
+    if request.headers.get("hx-request"):
+        return Response(status_code=204, headers={"HX-Redirect": "/ui/login"})
+    return RedirectResponse("/ui/login", status_code=303)
+
+
+def _text(value: str | None) -> str | None:
+    value = (value or "").strip()
+    return value or None
+
+
+class NotSignedIn(Exception):
+    """Raised by the ``Reader`` dependency; answered by ``to_login``."""
+
+
+async def _signed_in(request: Request) -> Session:
+    session = await current(request)
+    if session is None:
+        raise NotSignedIn()
+    return session
+
+
+async def to_login(request: Request, _: Exception) -> Response:
+    """Send a request without a valid session to the sign-in page."""
+    return _to_login(request)
+
+
+Reader = Annotated[Session, Depends(_signed_in)]
+
+
+# -- signing in ---------------------------------------------------------------
+
+
+@router.get("/login")
+async def login_form(request: Request) -> Response:
+    return _page(request, None, "login.html")
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    form = await request.form()
+    key = form.get("key")
+    response = RedirectResponse("/ui", status_code=303)
+    try:
+        await sign_in(request, key.strip() if isinstance(key, str) else "", response)
+    except ApiError as error:
+        # 200, not 401: the form again, with the reason (a 401 page is a console error)
+        return _page(request, None, "login.html", error=error.message)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    session = await current(request)
+    if session is not None and not await check_csrf(request, session):
+        return _page(request, session, "error.html", status=403, message="This form is out of date: reload.")
+    response = RedirectResponse("/ui/login", status_code=303)
+    sign_out(response)
+    return response
+
+
+# -- queues -------------------------------------------------------------------
+
+
+def _sparks(queues: Sequence[str], counts: Sequence[Throughput]) -> dict[str, list[int]]:
+    """Finishes per minute for the last SPARK_MINUTES minutes, oldest first, per queue."""
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    series = {q: [0] * SPARK_MINUTES for q in queues}
+    for row in counts:
+        back = int((now - row.minute).total_seconds() // 60)
+        if row.queue in series and 0 <= back < SPARK_MINUTES:
+            series[row.queue][SPARK_MINUTES - 1 - back] = row.done + row.dead
+    return series
+
+
+async def _queue_rows(request: Request, session: Session) -> dict[str, Any]:
+    client = client_of(request)
+    search, after = _text(request.query_params.get("q")), _text(request.query_params.get("after"))
+    scopes = session.principal.queues
+    page, total = await asyncio.gather(
+        client.queue_page(scopes, search=search, after=after, limit=PAGE + 1),
+        client.queue_count(scopes, search=search),
+    )
+    more = len(page) > PAGE
+    shown = [q for q in page[:PAGE] if session.covers(q.queue)]
+    names = [q.queue for q in shown]
+    sparks = _sparks(names, await client.throughput(names, SPARK_MINUTES)) if names else {}
+    return {
+        "queues": shown,
+        "sparks": sparks,
+        "total": total,
+        "search": search or "",
+        "after": after or "",
+        "next_after": shown[-1].queue if more and shown else None,
+        "any_paused": any(q.paused for q in shown),
+    }
+
+
+@router.get("")
+async def queues_page(request: Request, session: Reader) -> Response:
+    return _page(request, session, "queues.html", **await _queue_rows(request, session))
+
+
+@router.get("/queues/rows")
+async def queue_rows(request: Request, session: Reader) -> Response:
+    return _page(request, session, "_queue_rows.html", **await _queue_rows(request, session))
+
+
+# -- tasks --------------------------------------------------------------------
+
+
+@router.get("/tasks")
+async def tasks_page(request: Request, session: Reader) -> Response:
+    params = request.query_params
+    queue, state = _text(params.get("queue")), _text(params.get("state"))
+    key, worker, before = _text(params.get("key")), _text(params.get("worker")), _text(params.get("before"))
+    found: list[Task] = []
+    problem = None
+    if queue is not None:
+        if not session.covers(queue):
+            problem = f"This key may not see queue {queue!r}."
+        else:
+            try:
+                found = await client_of(request).find_tasks(
+                    queue, state=state, key=key, worker=worker, limit=PAGE, before_id=before
+                )
+            except errors.BatonqError as error:
+                problem = error.message
+    return _page(
+        request, session, "tasks.html",
+        queue=queue or "", state=state or "", key=key or "", worker=worker or "",
+        tasks=found, problem=problem, now=datetime.now(UTC),
+        next_before=operations.task_ref(found[-1].id) if len(found) == PAGE else None,
+    )  # fmt: skip
+
+
+def _moment(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+def _attempts(task: Task) -> list[dict[str, Any]]:
+    """Every attempt: the failed ones from the task's history (errors), then
+    the current or last one. A task records the worker and start of its
+    newest lease only."""
+    rows: list[dict[str, Any]] = []
+    for entry in task.errors:
+        token = entry.get("fencing_token")
+        newest = token is not None and token == task.fencing_token
+        rows.append({
+            "attempt": entry.get("attempt"), "fencing_token": token,
+            "worker": task.worker if newest else None, "started": task.claimed_at if newest else None,
+            "ended": _moment(entry.get("at")), "error": entry.get("error"), "outcome": "failed",
+        })  # fmt: skip
+    failed_tokens = {row["fencing_token"] for row in rows}
+    if task.fencing_token is not None and task.fencing_token not in failed_tokens:
+        outcome = {"leased": "running", "done": "done", "cancelled": "cancelled"}.get(task.state, "released")
+        rows.append({
+            "attempt": task.attempts, "fencing_token": task.fencing_token, "worker": task.worker,
+            "started": task.claimed_at, "ended": task.finished_at, "error": None, "outcome": outcome,
+        })  # fmt: skip
+    return rows
+
+
+async def _task_context(request: Request, session: Session, task: Task) -> dict[str, Any]:
+    client = client_of(request)
+    late, run, lineage = await asyncio.gather(
+        client.late_writes(task.id), client.run_status(task.root_id), client.run_tasks(task.root_id)
+    )
+    family = [t for t in lineage[:LINEAGE_LIMIT] if session.covers(t.queue)]
+    ids = {t.id for t in family}
+    tree = layout.layered([t.id for t in family], [(t.parent_id, t.id) for t in family if t.parent_id in ids])
+    return {
+        "task": task,
+        "attempts": _attempts(task),
+        "late_writes": late,
+        "run": RunOut.of(run, session.covers),  # where it failed only if the key covers it, as the API
+        "tree": tree,
+        "family": {t.id: t for t in family},
+        "parent_visible": task.parent_id in ids,
+        "children": [t for t in family if t.parent_id == task.id],
+        "lineage_cut": len(lineage) > LINEAGE_LIMIT,
+        "now": datetime.now(UTC),
+    }
+
+
+async def _visible(request: Request, session: Session, task_id: str) -> Task | Response:
+    try:
+        return await visible_task(client_of(request), session.principal, task_id)
+    except (errors.TaskNotFound, errors.InvalidArgument) as error:
+        return _page(request, session, "error.html", status=404, message=error.message)
+
+
+@router.get("/tasks/{task_id}")
+async def task_page(request: Request, task_id: str, session: Reader) -> Response:
+    task = await _visible(request, session, task_id)
+    if isinstance(task, Response):
+        return task
+    outcome = None
+    if request.query_params.get("did") in ACTIONS:  # back from a plain form's action
+        outcome = {"ok": True, "text": f"{operations.task_ref(task.id)} is {task.state} now."}
+    context = await _task_context(request, session, task)
+    return _page(request, session, "task.html", outcome=outcome, **context)
+
+
+async def _may_act(request: Request, session: Session | None) -> Response | None:
+    """None when the request may change tasks; else the refusal."""
+    if session is None:
+        return _page(request, None, "error.html", status=401, message="Sign in first.")
+    if not session.can_operate:
+        ring = session.principal.ring
+        message = f"Your key is of ring {ring} ({RINGS[ring]}); this needs ring 1 (operator) or stronger."
+        return _page(request, session, "error.html", status=403, message=message)
+    if not await check_csrf(request, session):
+        return _page(request, session, "error.html", status=403, message="This form is out of date: reload.")
+    return None
+
+
+@router.post("/tasks/{task_id}/{action}")
+async def act(request: Request, task_id: str, action: str) -> Response:
+    session = await current(request)
+    refused = await _may_act(request, session)
+    if refused is not None:
+        return refused
+    assert session is not None
+    if action not in ACTIONS:
+        return _page(request, session, "error.html", status=404, message=f"No action {action!r}.")
+    task = await _visible(request, session, task_id)
+    if isinstance(task, Response):
+        return task
+    client = client_of(request)
+    operation = {
+        "retry": client.retry, "cancel": client.cancel, "hold": client.hold, "release": client.release
+    }
+    try:
+        task = await operation[action](task.id)
+        outcome = {"ok": True, "text": f"{operations.task_ref(task.id)} is {task.state} now."}
+    except errors.BatonqError as error:
+        task = await client.task(task.id)
+        outcome = {"ok": False, "text": error.message}
+    plain = not request.headers.get("hx-request")
+    if plain and outcome["ok"]:  # a plain form: show the task, and reloading it acts no more
+        return RedirectResponse(f"/ui/tasks/{operations.task_ref(task.id)}?did={action}", status_code=303)
+    context = await _task_context(request, session, task)
+    name = "task.html" if plain else "_task_summary.html"
+    return _page(request, session, name, outcome=outcome, **context)
+
+
+# -- dead letters ---------------------------------------------------------------
+
+
+@router.get("/dead")
+async def dead_page(request: Request, session: Reader) -> Response:
+    params = request.query_params
+    queue, error, before = _text(params.get("queue")), _text(params.get("error")), _text(params.get("before"))
+    found: list[Task] = []
+    problem = None
+    try:
+        found = await client_of(request).dead_tasks(
+            session.principal.queues, queue=queue, error=error, limit=PAGE, before_id=before
+        )
+    except errors.BatonqError as failure:
+        problem = failure.message
+    found = [t for t in found if session.covers(t.queue)]
+    return _page(
+        request, session, "dead.html", queue=queue or "", error=error or "", tasks=found, problem=problem,
+        next_before=operations.task_ref(found[-1].id) if len(found) == PAGE else None,
+        bulk_limit=BULK_LIMIT, outcome=None,
+    )  # fmt: skip
+
+
+@router.post("/dead/retry")
+async def retry_dead(request: Request) -> Response:
+    """Retry every dead task of the filtered set (up to BULK_LIMIT at a time)."""
+    session = await current(request)
+    refused = await _may_act(request, session)
+    if refused is not None:
+        return refused
+    assert session is not None
+    form = await request.form()
+    queue = _text(form.get("queue") if isinstance(form.get("queue"), str) else None)  # type: ignore[arg-type]
+    error = _text(form.get("error") if isinstance(form.get("error"), str) else None)  # type: ignore[arg-type]
+    client = client_of(request)
+    chosen = await client.dead_tasks(session.principal.queues, queue=queue, error=error, limit=BULK_LIMIT)
+    retried, refusals = 0, []
+    for task in chosen:
+        if not session.covers(task.queue):
+            continue
+        try:
+            await client.retry(task.id)
+            retried += 1
+        except errors.BatonqError as failure:  # retried or removed since it was listed
+            refusals.append(f"{operations.task_ref(task.id)}: {failure.message}")
+    text = f"Retried {retried} dead task{'s' if retried != 1 else ''}; they are pending now."
+    if refusals:
+        text += f" {len(refusals)} could not be retried ({refusals[0]})."
+    if len(chosen) == BULK_LIMIT:
+        text += f" At most {BULK_LIMIT} at a time: retry again for the rest."
+    remaining = await client.dead_tasks(session.principal.queues, queue=queue, error=error, limit=PAGE)
+    return _page(
+        request, session, "dead.html", queue=queue or "", error=error or "", problem=None,
+        tasks=[t for t in remaining if session.covers(t.queue)],
+        next_before=None, bulk_limit=BULK_LIMIT, outcome={"ok": not refusals, "text": text},
+    )  # fmt: skip
+
+
+# -- graph and workers --------------------------------------------------------
+
+
+def edge_label(edge: Edge) -> str:
+    """What an edge does, in a few words: map, when, fan_out, join."""
+    parts = []
+    if edge.is_join:
+        parts.append("join (partial)" if edge.partial else "join")
+    if edge.fan_out:
+        parts.append(f"fan_out {edge.fan_out}")
+    if edge.map:
+        parts.append(f"map {edge.map}")
+    if edge.when_pointer:
+        if edge.when_present is not None:
+            parts.append(f"when {edge.when_pointer} {'present' if edge.when_present else 'absent'}")
+        else:
+            parts.append(f"when {edge.when_pointer} = {json.dumps(edge.when_equals)}")
+    return ", ".join(parts) or "result"
+
+
+def backlog_level(stats: QueueStats | None) -> str:
+    """A node's colour: how many tasks wait to be claimed."""
+    backlog = 0 if stats is None else stats.pending + stats.scheduled
+    return "none" if backlog == 0 else "some" if backlog < 100 else "many"
+
+
+@router.get("/graph")
+async def graph_page(request: Request, session: Reader) -> Response:
+    client = client_of(request)
+    edges = [e for e in await client.edges() if session.covers(e.from_queue) or session.covers(e.to_queue)]
+    names = sorted({e.from_queue for e in edges} | {e.to_queue for e in edges})
+    visible = [n for n in names if session.covers(n)]
+    found = await asyncio.gather(*(client.queues(n) for n in visible))
+    stats = {rows[0].queue: rows[0] for rows in found if rows}
+    drawing = layout.layered(names, [(e.from_queue, e.to_queue) for e in edges], vertical=False)
+    return _page(
+        request, session, "graph.html", drawing=drawing, edges=edges, stats=stats,
+        labels=[edge_label(e) for e in edges], levels={n: backlog_level(stats.get(n)) for n in names},
+    )  # fmt: skip
+
+
+@router.get("/workers")
+async def workers_page(request: Request, session: Reader) -> Response:
+    window = request.query_params.get("window", "24h")
+    if window not in WINDOWS:
+        window = "24h"
+    cards = await client_of(request).worker_scorecards(session.principal.queues, since_s=WINDOWS[window])
+    return _page(request, session, "workers.html", cards=cards, window=window, windows=list(WINDOWS))

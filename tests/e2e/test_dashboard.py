@@ -1,0 +1,367 @@
+"""The dashboard in a real Chromium (Debian's, headless, driven by
+Playwright) against a real ``batonq serve`` on loopback.
+
+Each test signs in as a user would, checks what the page shows against the
+database, and fails on any console error. Screenshots of the pages go to
+docs/img/ (shown in docs/dashboard.md).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, expect, sync_playwright
+from tests.e2e.live import LiveServer, new_key
+
+from batonq.client_sync import Client
+from batonq.errors import LeaseLost, TaskFinished
+
+CHROMIUM = Path("/usr/bin/chromium")
+IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+WAIT_MS = 10_000
+
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert CHROMIUM.exists(), "the dashboard tests need Debian's chromium: apt-get install -y chromium"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def client(module_dsn: str) -> Iterator[Client]:
+    with Client(module_dsn, listen=False).open() as opened:
+        yield opened
+
+
+class Console:
+    """Every console error and uncaught exception of a context's pages."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def watch(self, page: Page) -> None:
+        def on_console(message: ConsoleMessage) -> None:
+            if message.type == "error":
+                self.errors.append(f"{page.url}: {message.text}")
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda error: self.errors.append(f"{page.url}: {error}"))
+
+
+def sign_in(context: BrowserContext, server: LiveServer, key: str) -> Page:
+    page = context.new_page()
+    page.goto(f"{server.url}/")
+    expect(page).to_have_url(re.compile(r"/ui/login$"))
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(re.compile(r"/ui$"))
+    return page
+
+
+@pytest.fixture
+def console() -> Iterator[Console]:
+    watched = Console()
+    yield watched
+    assert watched.errors == [], watched.errors
+
+
+def _context(browser: Browser, console: Console, **options: object) -> Iterator[BrowserContext]:
+    context = browser.new_context(**options)  # type: ignore[arg-type]
+    context.on("page", console.watch)
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def admin(browser: Browser, console: Console, shared_server: LiveServer) -> Iterator[Page]:
+    """A page signed in with the server's first (admin) key."""
+    assert shared_server.admin_key
+    for context in _context(browser, console, viewport={"width": 1280, "height": 860}):
+        yield sign_in(context, shared_server, shared_server.admin_key)
+
+
+def shot(page: Page, name: str) -> None:
+    IMG.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(IMG / f"dashboard-{name}.png"), full_page=True)
+
+
+def row(page: Page, queue: str):  # type: ignore[no-untyped-def]
+    return page.locator(f'#queue-rows tr[data-queue="{queue}"]')
+
+
+def test_sign_in_keeps_the_key_in_a_strict_http_only_cookie(
+    browser: Browser, console: Console, shared_server: LiveServer
+) -> None:
+    assert shared_server.admin_key
+    for context in _context(browser, console):
+        page = context.new_page()
+        page.goto(f"{shared_server.url}/ui/login")
+        page.get_by_label("API key").fill("bq_1_" + "0" * 64)
+        page.get_by_role("button", name="Sign in").click()
+        expect(page.get_by_role("alert")).to_contain_text("invalid or revoked API key")
+        shot(page, "login")
+        page = sign_in(context, shared_server, shared_server.admin_key)
+        [cookie] = context.cookies()
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+        assert shared_server.admin_key not in page.url
+        assert page.evaluate("document.cookie") == ""  # scripts cannot read it
+        page.get_by_role("button", name="Sign out").click()
+        expect(page).to_have_url(re.compile(r"/ui/login$"))
+        assert context.cookies() == []
+
+
+def test_queue_counts_match_the_database_and_follow_an_enqueue_without_a_reload(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    for i in range(4):
+        client.enqueue("counts:a", {"i": i})
+    client.enqueue("counts:b", {"i": 0}, held=True)
+    client.enqueue("counts:b", {"i": 1}, delay_s=3600)
+    [lease] = client.claim("counts:a", worker="counter")
+    client.complete(lease.lease_token, {"ok": True})
+    client.claim("counts:a", worker="counter")
+    admin.goto(f"{shared_server.url}/ui?q=counts")
+    for stats in client.queues():
+        if not stats.queue.startswith("counts:"):
+            continue
+        line = row(admin, stats.queue)
+        for state in ("pending", "leased", "scheduled", "waiting", "held", "done", "dead", "cancelled"):
+            expect(line.locator(f'[data-state="{state}"]')).to_have_text(str(getattr(stats, state)))
+    expect(row(admin, "counts:a").locator('[data-state="pending"]')).to_have_text("2")
+    expect(admin.locator("#queue-total")).to_have_text("2")
+    shot(admin, "queues")
+
+    admin.evaluate("window.notReloaded = true")
+    client.enqueue("counts:a", {"i": 99})
+    client.enqueue("counts:c", {"new": True})
+    expect(row(admin, "counts:a").locator('[data-state="pending"]')).to_have_text("3", timeout=WAIT_MS)
+    expect(row(admin, "counts:c")).to_be_visible(timeout=WAIT_MS)
+    expect(admin.get_by_role("columnheader", name="Paused")).to_have_count(0)
+    client.configure_queue("counts:b", paused=True)
+    expect(row(admin, "counts:b").get_by_text("paused")).to_be_visible(timeout=WAIT_MS)
+    expect(admin.get_by_role("columnheader", name="Paused")).to_have_count(1)
+    client.configure_queue("counts:b", paused=False)
+    assert admin.evaluate("window.notReloaded") is True
+    expect(row(admin, "counts:a").locator(".spark canvas")).to_have_count(1)
+
+
+def test_the_task_page_shows_attempts_tokens_late_writes_and_lineage(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    root = client.enqueue("story:root", {"order": 7}, key="order-7")
+    child = client.enqueue("story:child", {"step": 2}, parent_id=root.task_id)
+    [first] = client.claim("story:root", worker="alpha")
+    client.fail(first.lease_token, {"why": "flaky"}, retry_delay_s=0)
+    [second] = client.claim("story:root", worker="beta")
+    client.set_stage(second.lease_token, "charging")
+    client.cancel(root.task_id)
+    with pytest.raises((LeaseLost, TaskFinished)):
+        client.complete(second.lease_token, {"too": "late"})
+
+    admin.goto(f"{shared_server.url}/ui/tasks/t_{root.task_id}")
+    expect(admin.locator("#task-state")).to_have_text("cancelled")
+    attempts = admin.locator("table.attempts tbody tr")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(0)).to_contain_text(str(first.fencing_token))
+    expect(attempts.nth(0)).to_contain_text("flaky")
+    expect(attempts.nth(1)).to_contain_text(str(second.fencing_token))
+    expect(attempts.nth(1)).to_contain_text("beta")
+    late = admin.locator("table.late tbody tr")
+    expect(late).to_have_count(1)
+    expect(late).to_contain_text(str(second.fencing_token))
+    expect(late).to_contain_text("complete")
+    expect(late).to_contain_text("too")
+    expect(admin.get_by_text("Children:")).to_be_visible()
+    shot(admin, "task")
+    admin.locator("section", has=admin.locator("#lineage-h")).get_by_role(
+        "link", name=f"t_{child.task_id}", exact=True
+    ).first.click()
+    expect(admin).to_have_url(re.compile(rf"/ui/tasks/t_{child.task_id}$"))
+    expect(admin.get_by_text(f"t_{root.task_id}").first).to_be_visible()
+    expect(admin.locator("svg.tree rect")).to_have_count(2)
+
+
+def test_a_dead_task_is_retried_in_three_clicks(admin: Page, client: Client) -> None:
+    task = client.enqueue("deadly:q", {"n": 1})
+    [lease] = client.claim("deadly:q", worker="gamma")
+    client.fail(lease.lease_token, "card declined", requeue=False)
+    admin.on("dialog", lambda dialog: dialog.accept())
+
+    admin.get_by_role("link", name="Dead letters").click()  # 1
+    shot(admin, "dead")
+    admin.get_by_role("button", name=f"Retry t_{task.task_id}").click()  # 2, 3: confirm
+    expect(admin).to_have_url(re.compile(rf"/ui/tasks/t_{task.task_id}\?did=retry$"))
+    expect(admin.locator("#task-state")).to_have_text("pending")
+    expect(admin.get_by_role("status")).to_have_text(f"t_{task.task_id} is pending now.")
+    assert client.task(task.task_id).state == "pending"
+
+    # The task page's own button answers in place, and says what happened.
+    admin.get_by_role("button", name="Hold").click()
+    expect(admin.get_by_role("status")).to_have_text(f"t_{task.task_id} is held now.")
+    expect(admin.locator("#task-state")).to_have_text("held")
+    assert client.task(task.task_id).state == "held"
+
+
+def test_bulk_retry_retries_the_filtered_set_only(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    doomed = []
+    cases = (("bulk:a", "timeout"), ("bulk:a", "timeout"), ("bulk:a", "bad input"), ("bulk:b", "timeout"))
+    for queue, error in cases:
+        enqueued = client.enqueue(queue, {"q": queue})
+        [lease] = client.claim(queue)
+        client.fail(lease.lease_token, error, requeue=False)
+        doomed.append(enqueued.task_id)
+    admin.on("dialog", lambda dialog: dialog.accept())
+    admin.goto(f"{shared_server.url}/ui/dead?queue=bulk:a&error=timeout")
+    expect(admin.locator("table.dead tbody tr")).to_have_count(2)
+    admin.get_by_role("button", name="Retry all these dead tasks").click()
+    expect(admin.get_by_role("status")).to_contain_text("Retried 2 dead tasks")
+    assert [client.task(t).state for t in doomed] == ["pending", "pending", "dead", "dead"]
+
+
+def test_graph_and_workers_pages(admin: Page, client: Client) -> None:
+    client.add_edge("flow:in", "flow:split", map="/order")
+    client.add_edge("flow:split", "flow:each", fan_out="/items")
+    client.add_edge("flow:each", "flow:joined", join=True)
+    client.add_edge("flow:in", "flow:alerts", when="/urgent", equals=True)
+    for i in range(3):
+        client.enqueue("flow:in", {"i": i})
+    [lease] = client.claim("flow:in", worker="delta")
+    client.complete(lease.lease_token, {"order": {"n": 1}, "urgent": False})
+
+    admin.get_by_role("link", name="Graph").click()
+    for label in ("map /order", "fan_out /items", "join", "when /urgent = true"):
+        expect(admin.locator("svg.qgraph text.label", has_text=label)).to_have_count(1)
+    expect(admin.locator("svg.qgraph rect.qnode")).to_have_count(5)
+    expect(admin.locator("svg.qgraph a[aria-label^='flow:in'] rect")).to_have_class(re.compile(r"\bsome\b"))
+    shot(admin, "graph")
+    admin.locator("svg.qgraph a[aria-label^='flow:in']").click()
+    expect(admin).to_have_url(re.compile(r"/ui/tasks\?queue=flow%3Ain$|/ui/tasks\?queue=flow:in$"))
+    expect(admin.locator("table.tasks tbody tr")).to_have_count(3)
+    shot(admin, "tasks")
+
+    admin.get_by_role("link", name="Workers").click()
+    delta = admin.get_by_role("rowheader", name="delta", exact=True)
+    line = admin.locator("table.workers tbody tr", has=delta)
+    expect(line).to_have_count(1)
+    expect(line.locator("td").nth(0)).to_have_text("1")  # done
+    shot(admin, "workers")
+
+
+def test_an_observer_key_sees_its_scope_only_and_gets_no_action_buttons(
+    browser: Browser, console: Console, shared_server: LiveServer, client: Client
+) -> None:
+    assert shared_server.admin_key
+    with shared_server.http(shared_server.admin_key) as http:
+        _, key = new_key(http, 3, ["obs:*"])
+    mine = client.enqueue("obs:mine", {"n": 1})
+    [lease] = client.claim("obs:mine")
+    client.fail(lease.lease_token, "broken", requeue=False)
+    theirs = client.enqueue("secret:theirs", {"n": 2})
+
+    for context in _context(browser, console):
+        page = sign_in(context, shared_server, key)
+        expect(row(page, "obs:mine")).to_be_visible()
+        expect(page.locator("#queue-rows tbody tr")).to_have_count(1)
+        page.get_by_role("link", name="Dead letters").click()
+        expect(page.locator("table.dead tbody tr")).to_have_count(1)
+        expect(page.get_by_role("button", name=re.compile("Retry"))).to_have_count(0)
+        page.get_by_role("link", name=f"t_{mine.task_id}").click()
+        expect(page.locator("#task-state")).to_have_text("dead")
+        expect(page.locator(".actions button")).to_have_count(0)
+        shot(page, "observer")
+
+        hidden = context.request.get(f"{shared_server.url}/ui/tasks/t_{theirs.task_id}")
+        assert hidden.status == 404 and f"task t_{theirs.task_id} not found" in hidden.text()
+
+        # A forged action, even with the right CSRF token, is refused.
+        csrf = page.locator("input[name=csrf]").first.get_attribute("value")
+        forged = context.request.post(
+            f"{shared_server.url}/ui/tasks/t_{mine.task_id}/retry", form={"csrf": csrf or ""}
+        )
+        assert forged.status == 403
+        assert "ring 1 (operator)" in forged.text()
+        assert client.task(mine.task_id).state == "dead"
+
+
+def test_every_action_needs_the_csrf_token(admin: Page, client: Client, shared_server: LiveServer) -> None:
+    task = client.enqueue("csrf:q", {"n": 1})
+    [lease] = client.claim("csrf:q")
+    client.fail(lease.lease_token, "x", requeue=False)
+    url = f"{shared_server.url}/ui/tasks/t_{task.task_id}/retry"
+    request = admin.context.request
+    assert request.post(url).status == 403
+    assert request.post(url, form={"csrf": "0" * 64}).status == 403
+    assert request.post(f"{shared_server.url}/ui/dead/retry", form={"queue": "csrf:q"}).status == 403
+    assert request.post(f"{shared_server.url}/ui/logout").status == 403
+    assert client.task(task.task_id).state == "dead"
+    admin.goto(f"{shared_server.url}/ui/tasks/t_{task.task_id}")
+    csrf = admin.locator("input[name=csrf]").first.get_attribute("value")
+    assert request.post(url, form={"csrf": csrf or ""}, max_redirects=0).status == 303
+    assert client.task(task.task_id).state == "pending"
+    # Without the session cookie, a token alone does nothing.
+    with httpx.Client() as stranger:
+        assert stranger.post(url, data={"csrf": csrf or ""}).status_code == 401
+
+
+def test_ten_thousand_queues_page_and_search_fast(
+    admin: Page, module_dsn: str, shared_server: LiveServer
+) -> None:
+    with psycopg.connect(module_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO batonq.queues (name) SELECT 'zz-many:' || lpad(i::text, 5, '0')"
+            " FROM generate_series(1, 10000) i"
+        )
+    started = time.monotonic()
+    admin.goto(f"{shared_server.url}/ui?q=zz-many")
+    expect(admin.locator("#queue-total")).to_have_text("10000")
+    expect(admin.locator("#queue-rows tbody tr")).to_have_count(50)
+    admin.get_by_role("link", name="Next page").click()
+    expect(row(admin, "zz-many:00051")).to_be_visible()
+    admin.get_by_label("Find a queue").fill("zz-many:0999")
+    expect(admin.locator("#queue-rows tbody tr")).to_have_count(10)
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"three pages of 10,000 queues took {elapsed:.1f} s"
+    cookies = {"batonq_session": shared_server.admin_key or ""}
+    with httpx.Client(base_url=shared_server.url, cookies=cookies) as http:
+        timings = []
+        for _ in range(5):
+            began = time.monotonic()
+            assert http.get("/ui/queues/rows?q=zz-many").status_code == 200
+            timings.append(time.monotonic() - began)
+    assert min(timings) < 1.0, timings
+
+
+def test_a_phone_in_dark_mode_reads_the_queues(
+    browser: Browser, console: Console, shared_server: LiveServer
+) -> None:
+    assert shared_server.admin_key
+    options = {"viewport": {"width": 390, "height": 844}, "color_scheme": "dark", "is_mobile": True}
+    for context in _context(browser, console, **options):
+        page = sign_in(context, shared_server, shared_server.admin_key)
+        page.goto(f"{shared_server.url}/ui?q=counts")
+        expect(page.get_by_role("link", name="Dead letters")).to_be_visible()
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(21, 23, 26)", background
+        shot(page, "phone-dark")
+        # Keyboard: the skip link comes first and leads to the content.
+        page.keyboard.press("Tab")
+        expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+        page.keyboard.press("Enter")
+        page.keyboard.press("Tab")  # from the content: the first control of the page
+        expect(page.get_by_label("Find a queue")).to_be_focused()

@@ -1,0 +1,119 @@
+"""The engine's reads behind the dashboard (0011_dashboard.sql), as the
+reader role: scopes applied in SQL match the keys' glob patterns exactly,
+pages and filters return what they say, scorecards count per worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.conftest import age
+
+import batonq
+from batonq.errors import LeaseLost, TaskFinished
+from batonq.rings import covers, scope_regex
+
+
+@pytest.fixture
+def reader(reader_dsn: str) -> Any:
+    with batonq.connect(reader_dsn) as c:
+        yield c
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pattern=st.text(alphabet="ab:.*?[]!-", min_size=1, max_size=8),
+    name=st.text(alphabet="ab:.-", min_size=1, max_size=8),
+)
+def test_scope_regexes_match_what_the_glob_patterns_cover(
+    sql: psycopg.Connection[Any], pattern: str, name: str
+) -> None:
+    [(matched,)] = sql.execute("SELECT %s ~ %s", (name, scope_regex(pattern))).fetchall()
+    assert matched == covers([pattern], name), scope_regex(pattern)
+
+
+def test_queue_pages_keep_to_scopes_and_search(admin: batonq.Client, reader: batonq.Client) -> None:
+    for name in ("shop:a", "shop:b", "shop:c", "mail:x", "shopping"):
+        admin.enqueue(name, None)
+    assert [q.queue for q in reader.queue_page(["shop:*"], limit=2)] == ["shop:a", "shop:b"]
+    assert [q.queue for q in reader.queue_page(["shop:*"], after="shop:b")] == ["shop:c"]
+    found = reader.queue_page(["*"], search="OP")
+    assert [q.queue for q in found] == ["shop:a", "shop:b", "shop:c", "shopping"]
+    assert reader.queue_count(["shop:*", "mail:?"]) == 4
+    assert reader.queue_count(["shop:*"], search="c") == 1
+    [a] = reader.queue_page(["shop:a"])
+    assert (a.pending, a.done) == (1, 0)
+
+
+def test_tasks_by_key_worker_and_dead_letters(admin: batonq.Client, reader: batonq.Client) -> None:
+    keyed = admin.enqueue("f:q", {"n": 1}, key="order-1")
+    admin.enqueue("f:q", {"n": 2})
+    [lease] = admin.claim("f:q", worker="w-dead")
+    admin.fail(lease.lease_token, "card declined", requeue=False)
+    other = admin.enqueue("g:q", None)
+    [lease] = admin.claim("g:q", worker="w-dead")
+    admin.fail(lease.lease_token, "timeout", requeue=False)
+
+    assert [t.id for t in reader.find_tasks("f:q", key="order-1")] == [keyed.task_id]
+    assert [t.id for t in reader.find_tasks("f:q", key="order-1", state="pending")] == []
+    assert [t.worker for t in reader.find_tasks("f:q", worker="w-dead")] == ["w-dead"]
+    assert reader.find_tasks("f:q", worker="nobody") == []
+    assert [t.id for t in reader.dead_tasks(["g:*"])] == [other.task_id]
+    assert [t.last_error for t in reader.dead_tasks(["*"], error="DECLINED")] == ["card declined"]
+    assert len(reader.dead_tasks(["*"])) == 2
+    assert [t.queue for t in reader.dead_tasks(["*"], limit=1)] == ["g:q"]
+    assert [t.queue for t in reader.dead_tasks(["*"], before_id=other.task_id)] == ["f:q"]
+
+
+def test_throughput_counts_finishes_per_minute(admin: batonq.Client, reader: batonq.Client) -> None:
+    for i in range(3):
+        admin.enqueue("tp:q", i)
+    for lease in admin.claim("tp:q", max_tasks=3):
+        admin.complete(lease.lease_token, None)
+    rows = reader.throughput(["tp:q", "tp:none"])
+    assert sum(r.done for r in rows) == 3 and {r.queue for r in rows} == {"tp:q"}
+
+
+def test_scorecards_and_late_writes(
+    admin: batonq.Client, reader: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    admin.enqueue("sc:q", 1)
+    [done] = admin.claim("sc:q", worker="good")
+    admin.complete(done.lease_token, "ok")
+    admin.enqueue("sc:q", 2, max_attempts=2)
+    [first] = admin.claim("sc:q", worker="flaky")
+    admin.fail(first.lease_token, "oops", retry_delay_s=0)
+    [second] = admin.claim("sc:q", worker="flaky")
+    admin.fail(second.lease_token, "oops again")  # the last attempt: dead
+    # A late complete after a cancel: under the newest lease, its holder is known.
+    cancelled = admin.enqueue("sc:q", 3)
+    [zombie] = admin.claim("sc:q", worker="zombie")
+    admin.cancel(cancelled.task_id)
+    with pytest.raises((LeaseLost, TaskFinished)):
+        admin.complete(zombie.lease_token, "late")
+    # A late complete after the lease expired and another worker took over.
+    admin.enqueue("sc:q", 4)
+    [lost] = admin.claim("sc:q", worker="slow", lease_s=1)
+    age(sql, 5)
+    admin.sweep()
+    [taken] = admin.claim("sc:q", worker="fast")
+    with pytest.raises(LeaseLost):
+        admin.complete(lost.lease_token, "late")
+
+    cards = {c.worker: c for c in reader.worker_scorecards(["sc:*"])}
+    assert (cards["good"].done, cards["good"].failed, cards["good"].dead) == (1, 0, 0)
+    assert cards["good"].median_s is not None and cards["good"].last_seen is not None
+    assert (cards["flaky"].done, cards["flaky"].failed, cards["flaky"].dead) == (0, 1, 1)
+    assert cards["zombie"].late_writes == 1
+    assert cards[None].late_writes == 1  # slow's write: its lease is no longer the task's newest
+    assert cards["fast"].late_writes == 0
+    assert reader.worker_scorecards(["other:*"]) == []
+
+    [late] = reader.late_writes(cancelled.task_id)
+    assert (late.fencing_token, late.kind, late.state_after, late.body) == (
+        zombie.fencing_token, "complete", "cancelled", "late"
+    )
+    assert [w.fencing_token for w in reader.late_writes(taken.task_id)] == [lost.fencing_token]
