@@ -465,7 +465,9 @@ class Proxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
         self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._sockets: list[socket.socket] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -474,6 +476,7 @@ class Proxy:
             except OSError:
                 return
             server = socket.create_connection(self.target)
+            self._sockets += [client, server]
             for src, dst in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
@@ -493,4 +496,9 @@ class Proxy:
     def close(self) -> None:
         self._closed = True
         self.flowing.set()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         self.listener.close()
+        self._accepting.join(timeout=10)
+        for sock in self._sockets:
+            sock.close()
