@@ -39,7 +39,6 @@ from typing import Any
 import httpx
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
 from tests.chaos.cluster import WORKER_ROLE, Cluster, free_port
 from tests.waiting import wait_for
 
@@ -125,7 +124,9 @@ class Fleet:
         self.kills = 0
 
     def spawn(self, **options: Any) -> WorkerProcess:
-        worker = WorkerProcess(self.db, f"w{len(self.started) + 1}", self.workdir, **{**self.options, **options})
+        worker = WorkerProcess(
+            self.db, f"w{len(self.started) + 1}", self.workdir, **{**self.options, **options}
+        )
         self.started.append(worker)
         return worker
 
@@ -302,80 +303,96 @@ def _tasks(db: Database) -> list[dict[str, Any]]:
     return [dict(zip(cols, row, strict=True)) for row in rows]
 
 
-def check_invariants(db: Database, enqueuer: Enqueuer | None, history: list[dict[str, Any]]) -> dict[str, int]:
-    """Every invariant of the module docstring; returns counts for the report."""
-    tasks = _tasks(db)
+def _keys(tasks: list[dict[str, Any]], enqueuer: Enqueuer | None) -> list[str]:
+    """One task per idempotency key; no loss; every answer for a key named the same task."""
     by_id = {t["id"]: t for t in tasks}
-    problems: list[str] = []
-    a_tasks = [t for t in tasks if t["queue"] == A]
-
-    # One task per idempotency key.
     per_key: dict[tuple[str, str], list[int]] = defaultdict(list)
     for t in tasks:
         if t["key"] is not None:
             per_key[(t["queue"], t["key"])].append(t["id"])
-    problems += [f"key {k}: tasks {ids}" for k, ids in per_key.items() if len(ids) > 1]
+    problems = [f"key {k}: tasks {ids}" for k, ids in per_key.items() if len(ids) > 1]
+    for key, ids in (enqueuer.acknowledged() if enqueuer else {}).items():
+        if len(ids) != 1:
+            problems.append(f"key {key} answered with tasks {sorted(ids)}")
+        for task_id in ids:
+            if task_id not in by_id:
+                problems.append(f"acknowledged t_{task_id} ({key}) is lost")
+            elif by_id[task_id]["state"] not in ("done", "dead"):
+                problems.append(f"t_{task_id} ended {by_id[task_id]['state']}")
+    return problems
 
-    # No loss, and every answer for a key named the same task.
-    if enqueuer is not None:
-        for key, ids in enqueuer.acknowledged().items():
-            if len(ids) != 1:
-                problems.append(f"key {key} answered with tasks {sorted(ids)}")
-            for task_id in ids:
-                if task_id not in by_id:
-                    problems.append(f"acknowledged t_{task_id} ({key}) is lost")
-                elif by_id[task_id]["state"] not in ("done", "dead"):
-                    problems.append(f"t_{task_id} ended {by_id[task_id]['state']}")
 
-    # Tokens, attempts and the accepted one.
+def _tokens(t: dict[str, Any]) -> list[str]:
+    """One token per attempt, growing; attempts <= max. A lease that ran out on
+    a task nobody claimed since may still be completed or failed by its holder:
+    then that attempt's token appears again after its "lease expired"."""
+    tokens = [e["fencing_token"] for e in t["errors"]]
+    if t["state"] == "done":
+        tokens.append(t["fencing_token"])
+    problems = []
+    if tokens != sorted(tokens):
+        problems.append(f"t_{t['id']}: tokens not increasing per attempt: {tokens}")
+    if t["state"] in ("done", "dead") and len(set(tokens)) != t["attempts"]:
+        problems.append(f"t_{t['id']}: {t['attempts']} attempts but tokens {tokens}")
+    if t["attempts"] > t["max_attempts"]:
+        problems.append(f"t_{t['id']}: {t['attempts']} attempts > max {t['max_attempts']}")
+    return problems
+
+
+def _acceptance(tasks: list[dict[str, Any]], history: list[dict[str, Any]]) -> list[str]:
+    """The accepted token is the newest granted, and the only one a worker was told ok for."""
     granted: dict[int, set[int]] = defaultdict(set)
     told_ok: dict[int, set[int]] = defaultdict(set)
     for event in history:
         granted[event["task"]].add(event["token"])
         if event["event"] == "ok":
             told_ok[event["task"]].add(event["token"])
+    problems = []
     for t in tasks:
-        # One token per attempt, growing. A lease that ran out on a task nobody
-        # claimed since may still be completed or failed by its holder: then
-        # that attempt's token appears again after its "lease expired".
-        tokens = [e["fencing_token"] for e in t["errors"]]
-        if t["state"] == "done":
-            tokens.append(t["fencing_token"])
-        if tokens != sorted(tokens):
-            problems.append(f"t_{t['id']}: tokens not increasing per attempt: {tokens}")
-        if t["state"] in ("done", "dead") and len(set(tokens)) != t["attempts"]:
-            problems.append(f"t_{t['id']}: {t['attempts']} attempts but tokens {tokens}")
-        if t["attempts"] > t["max_attempts"]:
-            problems.append(f"t_{t['id']}: {t['attempts']} attempts > max {t['max_attempts']}")
-        seen = granted.get(t["id"], set())
-        if t["state"] == "done":
-            if seen and t["fencing_token"] != max(seen):
-                problems.append(f"t_{t['id']}: accepted token {t['fencing_token']}, newest granted {max(seen)}")
-            if told_ok.get(t["id"], {t["fencing_token"]}) != {t["fencing_token"]}:
-                problems.append(f"t_{t['id']}: workers told ok for {told_ok[t['id']]}, "
-                                f"accepted {t['fencing_token']}")  # fmt: skip
-        elif t["id"] in told_ok:
-            problems.append(f"t_{t['id']}: a worker was told ok but the task is {t['state']}")
+        problems += _tokens(t)
+        token = t["fencing_token"]
+        if t["state"] != "done":
+            if t["id"] in told_ok:
+                problems.append(f"t_{t['id']}: a worker was told ok but the task is {t['state']}")
+            continue
+        if t["id"] in granted and token != max(granted[t["id"]]):
+            problems.append(f"t_{t['id']}: accepted token {token}, newest granted {max(granted[t['id']])}")
+        if told_ok.get(t["id"], {token}) != {token}:
+            problems.append(f"t_{t['id']}: workers told ok for {told_ok[t['id']]}, accepted {token}")
+    return problems
 
-    # The handler's effect under the accepted token; batons.
-    effects = {(task_id, token) for task_id, token in db.sql("SELECT task_id, fencing_token FROM chaos_effects")}
+
+def _batons(db: Database, tasks: list[dict[str, Any]]) -> list[str]:
+    """The handler's effect under each accepted token; one baton per accepted
+    completion, carrying its result; no baton without one."""
+    effects = set(db.sql("SELECT task_id, fencing_token FROM chaos_effects"))
     children: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for t in tasks:
         if t["queue"] == B:
             children[t["parent_id"]].append(t)
-    done_a = [t for t in a_tasks if t["state"] == "done"]
-    for t in done_a:
+    problems = []
+    for t in tasks:
+        if t["queue"] != A or t["state"] != "done":
+            continue
         if (t["id"], t["fencing_token"]) not in effects:
             problems.append(f"t_{t['id']}: no effect under the accepted token {t['fencing_token']}")
-        batons = children.pop(t["id"], [])
-        if [b["payload"] for b in batons] != [t["result"]]:
-            problems.append(f"t_{t['id']}: batons {[b['payload'] for b in batons]} for result {t['result']}")
-    problems += [f"phantom baton(s) {[b['id'] for b in bs]} of t_{parent}" for parent, bs in children.items()]
+        batons = [b["payload"] for b in children.pop(t["id"], [])]
+        if batons != [t["result"]]:
+            problems.append(f"t_{t['id']}: batons {batons} for result {t['result']}")
+    return problems + [f"phantom baton(s) {[b['id'] for b in bs]} of t_{p}" for p, bs in children.items()]
 
+
+def check_invariants(
+    db: Database, enqueuer: Enqueuer | None, history: list[dict[str, Any]]
+) -> dict[str, int]:
+    """Every invariant of the module docstring; returns counts for the report."""
+    tasks = _tasks(db)
+    problems = _keys(tasks, enqueuer) + _acceptance(tasks, history) + _batons(db, tasks)
     assert not problems, f"{len(problems)} invariant violations, first ones:\n" + "\n".join(problems[:20])
+    a_tasks = [t for t in tasks if t["queue"] == A]
     return {
         "tasks": len(a_tasks),
-        "done": len(done_a),
+        "done": sum(t["state"] == "done" for t in a_tasks),
         "dead": sum(t["state"] == "dead" for t in a_tasks),
         "batons": sum(t["queue"] == B for t in tasks),
         "attempts": sum(t["attempts"] for t in a_tasks),

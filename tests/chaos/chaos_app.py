@@ -43,8 +43,8 @@ app = batonq.App()
 
 
 def record(event: str, job: batonq.BaseJob, **fields: Any) -> None:
-    line = {"event": event, "worker": NAME, "task": job.id, "queue": job.queue,
-            "token": job.fencing_token, "attempt": job.attempt, "t": time.monotonic(), "wall": time.time(), **fields}  # fmt: skip
+    line = {"event": event, "worker": NAME, "task": job.id, "queue": job.queue, "token": job.fencing_token,
+            "attempt": job.attempt, "t": time.monotonic(), "wall": time.time(), **fields}  # fmt: skip
     _history.write(json.dumps(line) + "\n")
 
 

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests.chaos.battery import Database
 from tests.chaos.cluster import Cluster, private_cluster
 

@@ -9,11 +9,9 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-
 from tests.chaos.battery import (
     Database,
     Enqueuer,
@@ -71,7 +69,9 @@ class Probe:
         self.http.close()
 
 
-def test_postgres_restart_immediate_at_30_and_70_percent(cluster: Cluster, db: Database, workdir: Path) -> None:
+def test_postgres_restart_immediate_at_30_and_70_percent(
+    cluster: Cluster, db: Database, workdir: Path
+) -> None:
     """Scenario 2: PostgreSQL stops with ``-m immediate`` (no flush, crash
     recovery on start) when 30% and 70% of the tasks are done, and stays down
     for 5 s; workers, an enqueuer and the HTTP service ride it out."""
@@ -88,7 +88,7 @@ def test_postgres_restart_immediate_at_30_and_70_percent(cluster: Cluster, db: D
             wait_for(lambda m=mark: done_count(db) >= m * TASKS, timeout=120, what=f"{mark:.0%} done")  # type: ignore[misc]
             down = time.monotonic()
             cluster.stop("immediate")
-            wait_for(lambda: time.monotonic() - down >= 5, timeout=10, every=0.1)  # held down 5 s
+            wait_for(lambda d=down: time.monotonic() - d >= 5, timeout=10, every=0.1)  # type: ignore[misc]
             starting = time.monotonic()
             cluster.start()
             up = time.monotonic()
@@ -106,7 +106,9 @@ def test_postgres_restart_immediate_at_30_and_70_percent(cluster: Cluster, db: D
     assert figures["done"] + figures["dead"] == TASKS
     for down, starting, up, back in outages:
         # Sent while down: a 503 within 2 s (a 200 if the database came back meanwhile).
-        while_down = [(sent, took, status) for sent, took, status in probe.seen if down + 0.5 <= sent < starting]
+        while_down = [
+            (sent, took, status) for sent, took, status in probe.seen if down + 0.5 <= sent < starting
+        ]
         assert while_down, "the probe sent nothing while the database was down"
         slow = [(round(took, 2), status) for sent, took, status in while_down
                 if took > 2 or status not in ((200, 503) if sent + took > starting else (503,))]  # fmt: skip
@@ -117,12 +119,28 @@ def test_postgres_restart_immediate_at_30_and_70_percent(cluster: Cluster, db: D
         failed_after = [status for sent, status in after if sent < first_ok]
         assert first_ok - up < 10, f"HTTP answered 200 again only {first_ok - up:.1f} s after the restart"
         assert failed_after == [], f"requests failed after the database was back: {failed_after}"
-    report("restart", {**figures, "outages": [
-        {"down_s": round(up - down, 1), "completing_again_after_s": round(back - up, 2),
-         "answers_while_down": sorted({status for sent, _, status in probe.seen if down + 0.5 <= sent < starting}),
-         "slowest_answer_while_down_s": round(max(took for sent, took, _ in probe.seen if down + 0.5 <= sent < starting), 2)}
-        for down, starting, up, back in outages
-    ], "probe_requests": len(probe.seen), "run_s": round(ended - started, 1), "enqueues": enqueuer.counts()})
+    report(
+        "restart",
+        {
+            **figures,
+            "outages": [
+                {
+                    "down_s": round(up - down, 1),
+                    "completing_again_after_s": round(back - up, 2),
+                    "answers_while_down": sorted(
+                        {status for sent, _, status in probe.seen if down + 0.5 <= sent < starting}
+                    ),
+                    "slowest_answer_while_down_s": round(
+                        max(took for sent, took, _ in probe.seen if down + 0.5 <= sent < starting), 2
+                    ),
+                }
+                for down, starting, up, back in outages
+            ],
+            "probe_requests": len(probe.seen),
+            "run_s": round(ended - started, 1),
+            "enqueues": enqueuer.counts(),
+        },
+    )
 
 
 def terminate_one(cluster: Cluster, db: Database) -> None:
@@ -134,7 +152,9 @@ def terminate_one(cluster: Cluster, db: Database) -> None:
         db.sql("SELECT pg_terminate_backend(%s)", (random.choice(pids),))
 
 
-def test_terminate_backends_every_500_ms_while_enqueues_race(cluster: Cluster, db: Database, workdir: Path) -> None:
+def test_terminate_backends_every_500_ms_while_enqueues_race(
+    cluster: Cluster, db: Database, workdir: Path
+) -> None:
     """Scenarios 3 and 6: a random batonq backend is terminated every 500 ms
     while workers work and 16 threads each enqueue the same keys in their own
     order; calls whose outcome is unknown are retried with the same key and
@@ -146,7 +166,9 @@ def test_terminate_backends_every_500_ms_while_enqueues_race(cluster: Cluster, d
         started = time.monotonic()
         with ticking(0.5, lambda: terminate_one(cluster, db)) as faults:
             enqueuer.run(keys, threads=16, copies=16)
-            wait_for(lambda: db.unfinished() <= RACING_KEYS // 2 or time.monotonic() - started > 60, timeout=120)
+            wait_for(
+                lambda: db.unfinished() <= RACING_KEYS // 2 or time.monotonic() - started > 60, timeout=120
+            )
         ended = drain(db, since=faults[-1], lease_s=LEASE_S)
         assert fleet.crashed() == []
     finally:
@@ -156,8 +178,10 @@ def test_terminate_backends_every_500_ms_while_enqueues_race(cluster: Cluster, d
     assert figures["tasks"] == RACING_KEYS
     assert counts["ok"] == 16 * RACING_KEYS
     assert counts.get("unknown", 0) > 0, "no enqueue was cut off: the faults missed"
-    report("terminate_backend+racing_enqueues", {**figures, "terminations": len(faults), "enqueues": counts,
-                                                 "run_s": round(ended - started, 1)})
+    report(
+        "terminate_backend+racing_enqueues",
+        {**figures, "terminations": len(faults), "enqueues": counts, "run_s": round(ended - started, 1)},
+    )
 
 
 def test_a_frozen_workers_late_writes_are_refused_and_its_pool_recovers(
@@ -174,7 +198,9 @@ def test_a_frozen_workers_late_writes_are_refused_and_its_pool_recovers(
         enqueuer.run([f"k-{n}" for n in range(TASKS)], threads=2)
 
         def in_flight() -> bool:
-            events = [line for line in frozen.history.read_text().splitlines()] if frozen.history.exists() else []
+            events = (
+                [line for line in frozen.history.read_text().splitlines()] if frozen.history.exists() else []
+            )
             return sum('"invoked"' in e for e in events) > sum('"invoked"' not in e for e in events)
 
         wait_for(in_flight, timeout=30, what="the proxied worker to hold a lease")
@@ -195,5 +221,13 @@ def test_a_frozen_workers_late_writes_are_refused_and_its_pool_recovers(
     later_ok = [e for e in mine if e["event"] == "ok" and e["t"] > thawed]
     assert refused, f"the frozen worker's late writes were not refused: {mine[-10:]}"
     assert later_ok, "the frozen worker completed nothing after its traffic flowed again"
-    report("frozen_worker", {**figures, "frozen_s": round(thawed - froze, 1), "late_writes_refused": len(refused),
-                             "completed_after_thaw": len(later_ok), "run_s": round(ended - froze, 1)})
+    report(
+        "frozen_worker",
+        {
+            **figures,
+            "frozen_s": round(thawed - froze, 1),
+            "late_writes_refused": len(refused),
+            "completed_after_thaw": len(later_ok),
+            "run_s": round(ended - froze, 1),
+        },
+    )

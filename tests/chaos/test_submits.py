@@ -11,9 +11,9 @@ import random
 import threading
 import time
 from collections import defaultdict
+from typing import Any
 
 import pytest
-
 from tests.chaos.battery import Database, report, run_threads
 from tests.waiting import wait_for
 
@@ -38,7 +38,11 @@ def test_racing_submits(db: Database) -> None:
         client.enqueue_many(Q, [{"n": n} for n in range(TASKS)], max_attempts=5)
         older = client.claim(Q, max_tasks=TASKS, lease_s=1)
         expires = max(lease.lease_expires_at for lease in older)
-        wait_for(lambda: db.sql("SELECT now() > %s", (expires,))[0][0], timeout=10, what="the first leases to run out")
+        wait_for(
+            lambda: db.sql("SELECT now() > %s", (expires,))[0][0],
+            timeout=10,
+            what="the first leases to run out",
+        )
         # A quarter of the new leases last 1 s: they run out mid-race.
         boundary = client.claim(Q, max_tasks=TASKS // 4, lease_s=1)
         holders = boundary + client.claim(Q, max_tasks=TASKS, lease_s=60)
@@ -50,7 +54,9 @@ def test_racing_submits(db: Database) -> None:
             racing.wait()
             for lease in random.sample(leases, len(leases)):
                 try:
-                    outcome = client.complete(lease.lease_token, {"by": who, "token": lease.fencing_token}).outcome
+                    outcome = client.complete(
+                        lease.lease_token, {"by": who, "token": lease.fencing_token}
+                    ).outcome
                 except batonq.LeaseLost as lost:
                     outcome = f"refused:{lost.state}"
                 note(who, lease.task_id, outcome, lease.fencing_token)
@@ -61,7 +67,9 @@ def test_racing_submits(db: Database) -> None:
             racing.wait()
             while not done.is_set():
                 for lease in client.claim(Q, max_tasks=10, lease_s=60):
-                    outcome = client.complete(lease.lease_token, {"by": "claimer", "token": lease.fencing_token})
+                    outcome = client.complete(
+                        lease.lease_token, {"by": "claimer", "token": lease.fencing_token}
+                    )
                     note("claimer", lease.task_id, outcome.outcome, lease.fencing_token)
 
     done = threading.Event()
@@ -72,8 +80,10 @@ def test_racing_submits(db: Database) -> None:
     try:
         started = time.monotonic()
         # The race starts 0.9 s into the 1 s leases: their expiry falls inside it.
-        wait_for(lambda: db.sql("SELECT now() > %s - interval '100 ms'", (boundary[0].lease_expires_at,))[0][0],
-                 timeout=5, every=0.01)  # fmt: skip
+        soon = boundary[0].lease_expires_at
+        wait_for(
+            lambda: db.sql("SELECT now() > %s - interval '100 ms'", (soon,))[0][0], timeout=5, every=0.01
+        )
         racing.set()
         run_threads([lambda i=i: submitter(f"copy{i}", holders) for i in range(COPIES)]
                     + [lambda: submitter("older", older)])  # fmt: skip
@@ -85,6 +95,19 @@ def test_racing_submits(db: Database) -> None:
 
     final = {row[0]: row[1:] for row in db.sql(
         "SELECT id, state, fencing_token, result FROM batonq.archive WHERE queue = %s", (Q,))}  # fmt: skip
+    problems, counts = judge(holders, answers, final)
+    assert not problems, "\n".join(problems[:20])
+    report(
+        "racing_submits",
+        {"tasks": TASKS, "submits": sum(counts.values()), "outcomes": dict(counts), "race_s": round(took, 1)},
+    )
+
+
+def judge(
+    holders: list[batonq.Lease], answers: dict[int, list[tuple[str, str, int]]], final: dict[int, Any]
+) -> tuple[list[str], dict[str, int]]:
+    """Per task: exactly one accepted write, the task done with its token; the
+    older holder always refused. Returns the problems and the outcome counts."""
     problems = []
     counts: dict[str, int] = defaultdict(int)
     for lease in holders:
@@ -99,6 +122,4 @@ def test_racing_submits(db: Database) -> None:
             problems.append(f"t_{lease.task_id}: ended {state} {token} {result}, accepted {accepted}")
         if any(who == "older" and not outcome.startswith("refused") for who, outcome, _ in mine):
             problems.append(f"t_{lease.task_id}: the older holder got {mine}")
-    assert not problems, "\n".join(problems[:20])
-    report("racing_submits", {"tasks": TASKS, "submits": sum(counts.values()), "outcomes": dict(counts),
-                              "race_s": round(took, 1)})
+    return problems, counts

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tests.chaos.battery import Database, Enqueuer, Fleet, check_invariants, drain, report, ticking
 
 pytestmark = pytest.mark.chaos
@@ -38,8 +37,16 @@ def test_sigkill_a_random_worker_every_2_s(db: Database, workdir: Path) -> None:
     figures = check_invariants(db, enqueuer, fleet.history())
     assert figures["done"] + figures["dead"] == TASKS
     assert fleet.kills >= 5 and figures["unknown_outcomes"] > 0, "the kills never took a lease"
-    report("sigkill", {**figures, "kills": fleet.kills, "run_s": round(ended - started, 1),
-                       "drain_after_last_fault_s": round(ended - last, 1), "enqueues": enqueuer.counts()})
+    report(
+        "sigkill",
+        {
+            **figures,
+            "kills": fleet.kills,
+            "run_s": round(ended - started, 1),
+            "drain_after_last_fault_s": round(ended - last, 1),
+            "enqueues": enqueuer.counts(),
+        },
+    )
 
 
 def test_worker_clocks_off_by_five_minutes(db: Database, workdir: Path) -> None:
@@ -69,4 +76,12 @@ def test_worker_clocks_off_by_five_minutes(db: Database, workdir: Path) -> None:
     assert (figures["done"], figures["attempts"]) == (tasks, tasks), "a lease ran out under a skewed clock"
     expired = db.sql("SELECT count(*) FROM batonq.archive WHERE errors::text LIKE '%lease expired%'")[0][0]
     assert expired == 0
-    report("clock_skew", {**figures, "skews_s": [300, -300], "run_s": round(ended - started, 1), "jobs_longer_than_lease": longer})
+    report(
+        "clock_skew",
+        {
+            **figures,
+            "skews_s": [300, -300],
+            "run_s": round(ended - started, 1),
+            "jobs_longer_than_lease": longer,
+        },
+    )

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import batonq
 from batonq.client import AsyncClient
 from batonq.service import admin, discovery, problems, reads, stream, work
+from batonq.service.auth import FailedAuth
 from batonq.service.metrics import Metrics
 
 __all__ = ["create_app"]
@@ -131,7 +132,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # While the database is down a request waits at most 1.5 s for a
         # connection, then answers 503: callers retry instead of hanging.
-        options = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 1.5, **(client_options or {})}
+        options: dict[str, Any] = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 1.5}
+        options.update(client_options or {})
         async with await AsyncClient(dsn, **options).open() as client:
             app.state.client = client
             yield
@@ -147,6 +149,7 @@ def create_app(
     metrics = Metrics()
     app.state.metrics = metrics
     app.state.keepalive_s = keepalive_s
+    app.state.failed_auth = FailedAuth()
     problems.install(app)
     for module in (work, stream, reads, admin, discovery):
         app.include_router(module.router)
