@@ -9,8 +9,10 @@ import random
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from tests.chaos.battery import (
     Database,
@@ -26,6 +28,8 @@ from tests.chaos.battery import (
 )
 from tests.chaos.cluster import WORKER_ROLE, Cluster
 from tests.waiting import wait_for
+
+import batonq
 
 pytestmark = pytest.mark.chaos
 
@@ -231,3 +235,62 @@ def test_a_frozen_workers_late_writes_are_refused_and_its_pool_recovers(
             "run_s": round(ended - froze, 1),
         },
     )
+
+
+IDLE_TASKS = int(os.environ.get("CHAOS_IDLE_TASKS", "1000"))
+
+
+def _claim_latencies(db: Database, queue: str, tasks: int) -> list[float]:
+    """Enqueue ``tasks`` and work them one claim at a time; each claim's seconds."""
+    took = []
+    with batonq.connect(db.dsn, max_connections=1, listen=False) as client:
+        for start in range(0, tasks, 500):
+            client.enqueue_many(queue, [{"n": n} for n in range(start, min(tasks, start + 500))])
+        for _ in range(tasks):
+            began = time.perf_counter()
+            [lease] = client.claim(queue)
+            took.append(time.perf_counter() - began)
+            client.complete(lease.lease_token, None)
+        assert client.claim(queue) == []
+    return took
+
+
+def _dead_tuples(db: Database, queue: str) -> int:
+    """Dead rows in the hot table partition that holds ``queue``, by the statistics."""
+    db.sql("SELECT pg_stat_force_next_flush()")
+    return int(db.sql(
+        """SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+            WHERE relid = (SELECT tableoid FROM batonq.tasks WHERE queue = %s LIMIT 1)
+               OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'batonq.tasks'::regclass)""",
+        (queue,))[0][0])  # fmt: skip
+
+
+@pytest.mark.parametrize("autovacuum", ["on", "off"])
+def test_an_idle_transaction_held_open_through_a_run(cluster: Cluster, db: Database, autovacuum: str) -> None:
+    """Scenario 11: a session sits "idle in transaction" (holding back the
+    xmin horizon, so no vacuum can remove a dead row) through a run of tasks
+    worked one claim at a time. The queue keeps working; the effect on dead
+    rows and claim latency is measured against the same run without it,
+    with autovacuum on (naptime 1 s) and off."""
+    for setting, value in (("autovacuum", autovacuum), ("autovacuum_naptime", "1s")):
+        db.sql(f"ALTER SYSTEM SET {setting} = '{value}'")  # the private cluster only
+    db.sql("SELECT pg_reload_conf()")
+    figures: dict[str, Any] = {"autovacuum": autovacuum, "tasks": IDLE_TASKS}
+    try:
+        for label, queue in (("without", "chaos:free"), ("with", "chaos:idle")):
+            with psycopg.connect(db.owner_dsn) as idle:
+                if label == "with":
+                    idle.execute("SELECT txid_current()")  # a transaction with an xid, left open
+                took = sorted(_claim_latencies(db, queue, IDLE_TASKS))
+                figures[label] = {
+                    "claim_p50_ms": round(1000 * took[len(took) // 2], 2),
+                    "claim_p99_ms": round(1000 * took[int(len(took) * 0.99)], 2),
+                    "dead_rows_after": _dead_tuples(db, queue),
+                    "run_s": round(sum(took), 1),
+                }
+                idle.rollback()
+    finally:
+        for setting in ("autovacuum", "autovacuum_naptime"):
+            db.sql(f"ALTER SYSTEM RESET {setting}")
+        db.sql("SELECT pg_reload_conf()")
+    report("idle_transaction", figures)

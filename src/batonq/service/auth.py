@@ -68,7 +68,7 @@ class FailedAuth:
     window. At most ``addresses`` addresses are tracked, the least recent
     dropped first, so a flood of sources cannot grow memory."""
 
-    def __init__(self, limit: int = 20, window_s: float = 60.0, addresses: int = 10_000) -> None:
+    def __init__(self, limit: int = 100, window_s: float = 60.0, addresses: int = 10_000) -> None:
         self.limit, self.window_s, self.addresses = limit, window_s, addresses
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()
 
