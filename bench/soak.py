@@ -104,11 +104,11 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 if args.kill_every and now - last_kill >= args.kill_every:
                     fleet.kill_one()
                     last_kill = now
-                if not progress or now - progress[-1]["t"] >= 60:
+                if not progress or now - started - progress[-1]["t"] >= 60:
                     done = db.sql("SELECT count(*) FROM batonq.archive WHERE queue = %s", (B,))[0][0]
-                    line = {"t": now, "fed": fed[0], "archived_now": int(done), "hot": hot_table(db)}
+                    line = {"t": round(now - started), "fed": fed[0], "archived_now": int(done), "hot": hot_table(db)}
                     progress.append(line)
-                    print(json.dumps({**line, "t": round(now - started)}), flush=True)
+                    print(json.dumps(line), flush=True)
             ended = time.monotonic()
         finally:
             stop.set()
