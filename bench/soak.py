@@ -106,7 +106,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     last_kill = now
                 if not progress or now - started - progress[-1]["t"] >= 60:
                     done = db.sql("SELECT count(*) FROM batonq.archive WHERE queue = %s", (B,))[0][0]
-                    line = {"t": round(now - started), "fed": fed[0], "archived_now": int(done), "hot": hot_table(db)}
+                    line = {
+                        "t": round(now - started),
+                        "fed": fed[0],
+                        "archived_now": int(done),
+                        "hot": hot_table(db),
+                    }
                     progress.append(line)
                     print(json.dumps(line), flush=True)
             ended = time.monotonic()
