@@ -10,12 +10,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.chaos.battery import ROOT, Database, Service, report
+from tests.chaos.battery import ROOT, Database, Service, report, run_threads
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.chaos
@@ -223,7 +224,7 @@ def _schemathesis(service: Service, workdir: Path) -> dict[str, Any]:
         "--exclude-path-regex",
         "^/v1/keys/",
         "--max-examples",
-        os.environ.get("CHAOS_SCHEMATHESIS_EXAMPLES", "10"),
+        os.environ.get("CHAOS_SCHEMATHESIS_EXAMPLES", "5"),
         "--checks",
         "not_a_server_error",
         "--workers",
@@ -296,11 +297,12 @@ def test_500_streams_on_one_key_with_frozen_readers(db: Database, workdir: Path)
         with httpx.Client(base_url=service.url, headers=service.headers(), timeout=30) as http:
             http.get("/v1/queues")
             fds, conns = service.fds(), _connections(db)
-            statuses: dict[int, int] = {}
-            for _ in range(STREAMS):
-                sock, code = _open_stream(service, "s:q")
-                sockets.append(sock)
-                statuses[code] = statuses.get(code, 0) + 1
+            opened: list[tuple[socket.socket, int]] = []
+            run_threads(
+                [lambda: opened.extend(_open_stream(service, "s:q") for _ in range(STREAMS // 10))] * 10
+            )
+            sockets += [sock for sock, _ in opened]
+            statuses = dict(Counter(code for _, code in opened))
             figures: dict[str, Any] = {
                 "streams": STREAMS,
                 "statuses": statuses,
@@ -312,18 +314,18 @@ def test_500_streams_on_one_key_with_frozen_readers(db: Database, workdir: Path)
             # Every open stream is a frozen reader from here on: events pile up unread.
             for _ in range(4):
                 http.post("/v1/enqueue", json=[{"queue": "s:q", "payload": "x" * 1000}] * 500)
-            open_ones = [s for s in sockets if s.fileno() != -1]
             figures["frozen_dropped"] = _within(
-                60, lambda: sum(_closed_by_server(s) for s in open_ones) or None
+                30, lambda: sum(_closed_by_server(s) for s in sockets) or None
             )
         for sock in sockets:
             sock.close()
-        figures["fds_after"] = (
-            _within(30, lambda: service.fds() if service.fds() <= fds + 2 else None) or service.fds()
-        )
-        figures["db_connections_after"] = _within(
-            30, lambda: _connections(db) if _connections(db) <= conns else None
-        )
+        # The service's pool may keep the connections it opened (20 at most,
+        # plus its listener and sweeper), each with its fd: that is the baseline.
+        _within(15, lambda: _connections(db) <= POOL + 2)
+        figures["db_connections_after"] = _connections(db)
+        pooled = figures["db_connections_after"] - conns
+        _within(15, lambda: service.fds() <= fds + pooled + 2)
+        figures["fds_after"] = service.fds()
     finally:
         for sock in sockets:
             sock.close()
@@ -331,8 +333,8 @@ def test_500_streams_on_one_key_with_frozen_readers(db: Database, workdir: Path)
     report("sse_streams", figures)
     assert set(statuses) <= {200, 429} and statuses.get(429, 0) > 0, f"no per-key cap: {statuses}"
     assert figures["frozen_dropped"], "the server kept every frozen reader"
-    assert figures["fds_after"] is not None, "the server's file descriptors are not back to baseline"
-    assert figures["db_connections_after"] is not None, "database connections are not back to baseline"
+    assert figures["db_connections_after"] <= POOL + 2, "database connections are not back to baseline"
+    assert figures["fds_after"] <= fds + pooled + 2, "the server's file descriptors are not back to baseline"
 
 
 def _within(timeout: float, check: Any) -> Any:
