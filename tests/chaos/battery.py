@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import signal
 import socket
 import subprocess
@@ -36,11 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from tests.chaos.cluster import WORKER_ROLE, Cluster, free_port
-from tests.waiting import wait_for
+from tests.chaos.cluster import WORKER_ROLE, Cluster
+from tests.e2e.live import LiveServer
 
 import batonq
 
@@ -419,31 +417,14 @@ def report(name: str, figures: dict[str, Any]) -> None:
             out.write(line + "\n")
 
 
-class Service:
-    """``batonq serve`` on a free port, its log in ``workdir``; ``key`` is the admin key it printed."""
+class Service(LiveServer):
+    """``batonq serve`` on the battery's database, logging every request;
+    ``key`` is the admin key it printed on its first start."""
 
-    def __init__(self, db: Database, workdir: Path, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / f"serve-{self.port}.log"
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "batonq", "--dsn", db.owner_dsn, "serve", "--port", str(self.port),
-                 "--log-level", "info", *args],
-                cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )  # fmt: skip
-        self.key = wait_for(self._printed_key, timeout=60, what="batonq serve to print its admin key")
-        wait_for(self._answers, timeout=30, what="batonq serve to answer")
-
-    def _printed_key(self) -> str | None:
-        assert self.proc.poll() is None, self.log.read_text()
-        match = re.search(r"bq_[0-9]+_[0-9a-f]{64}", self.log.read_text())
-        return match[0] if match else None
-
-    def _answers(self) -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{self.url}/openapi.json", timeout=2).status_code == 200
-        return False
+    def __init__(self, db: Database, *args: str) -> None:
+        super().__init__(db.owner_dsn, "--log-level", "info", *args)
+        assert self.admin_key, self.log
+        self.key: str = self.admin_key
 
     def headers(self, key: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {key or self.key}"}
@@ -457,14 +438,6 @@ class Service:
 
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
 
 
 def done_count(db: Database) -> int:

@@ -13,15 +13,14 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from tests.e2e.live import free_port
 
 import batonq
 
@@ -35,12 +34,6 @@ def _bindir() -> Path:
     import pgserver  # the wheel's own PostgreSQL build
 
     return Path(pgserver.__file__).parent / "pginstall" / "bin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _system_user() -> str | None:
@@ -142,15 +135,3 @@ def private_cluster(**options: Any) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.close()
-
-
-def wait_until_up(dsn: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            psycopg.connect(dsn, connect_timeout=2).close()
-            return
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)

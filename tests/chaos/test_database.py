@@ -79,7 +79,7 @@ def test_postgres_restart_immediate_at_30_and_70_percent(
     """Scenario 2: PostgreSQL stops with ``-m immediate`` (no flush, crash
     recovery on start) when 30% and 70% of the tasks are done, and stays down
     for 5 s; workers, an enqueuer and the HTTP service ride it out."""
-    service = Service(db, workdir)
+    service = Service(db)
     fleet = Fleet(db, workdir, 3, slots=4, lease_s=LEASE_S)
     enqueuer = Enqueuer(db)
     probe = Probe(service)

@@ -28,11 +28,11 @@ def status(response: httpx.Response) -> tuple[int, str]:
     return response.status_code, response.json()["error"]["code"] if response.status_code >= 400 else ""
 
 
-def test_bad_keys_of_every_kind(db: Database, workdir: Path) -> None:
+def test_bad_keys_of_every_kind(db: Database) -> None:
     """Scenario 9: every kind of bad key gets its documented refusal; no key
     text reaches the log; after 100 failures in a minute an address gets 429 with
     Retry-After, whatever key it sends."""
-    service = Service(db, workdir)
+    service = Service(db)
     try:
         with httpx.Client(base_url=service.url, headers=service.headers(), timeout=10) as admin:
             made = [
@@ -122,7 +122,7 @@ def test_bad_keys_of_every_kind(db: Database, workdir: Path) -> None:
                 assert 1 <= int(locked.headers["retry-after"]) <= 60
                 assert anon.get("/v1/queues", headers={"Authorization": "Bearer nope"}).status_code == 429
         # The admin key is printed once, by design, at first start; nothing after it may show a key.
-        log = service.log.read_text().split("Make narrower keys", 1)[1]
+        log = service.log.split("Make narrower keys", 1)[1]
     finally:
         service.stop()
     for secret in {
@@ -159,7 +159,7 @@ def test_hostile_bodies_and_schemathesis_find_no_5xx(db: Database, workdir: Path
     """Scenario 8: hostile bodies are refused with a 4xx and write nothing;
     a schemathesis run (examples, fuzzing, stateful) against /openapi.json
     finds no server error; the server's memory grows by less than 50 MB."""
-    service = Service(db, workdir)
+    service = Service(db)
     try:
         with httpx.Client(base_url=service.url, headers=service.headers(), timeout=30) as http:
             for _ in range(50):  # warm up
@@ -286,12 +286,12 @@ def _closed_by_server(sock: socket.socket) -> bool:
     return True
 
 
-def test_500_streams_on_one_key_with_frozen_readers(db: Database, workdir: Path) -> None:
+def test_500_streams_on_one_key_with_frozen_readers(db: Database) -> None:
     """Scenario 10: 500 event streams on one key: past the per-key cap they get
     429; readers that stop reading are dropped by the server; once all are
     gone the server's file descriptors and database connections are back to
     their baseline."""
-    service = Service(db, workdir, "--keepalive", "0.2")
+    service = Service(db, "--keepalive", "0.2")
     sockets: list[socket.socket] = []
     try:
         with httpx.Client(base_url=service.url, headers=service.headers(), timeout=30) as http:
