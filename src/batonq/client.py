@@ -92,6 +92,9 @@ class AsyncClient:
       False polls every ``poll_interval_s`` instead (for PgBouncer in
       transaction mode, together with ``prepare=False``).
     - ``sweeper``: run a leader-elected sweeper in this process.
+    - ``connection_wait_s``: how long a call waits for a pooled connection
+      (the database down, or every connection busy) before it fails with
+      ``psycopg_pool.PoolTimeout``.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class AsyncClient:
         prepare: bool = True,
         sweeper: bool = False,
         worker_name: str | None = None,
+        connection_wait_s: float = 30.0,
     ) -> None:
         self.dsn = dsn
         self.worker_name = worker_name or _default_worker()
@@ -114,6 +118,7 @@ class AsyncClient:
             min_size=min_connections,
             max_size=max_connections,
             kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None, "context": _ADAPTERS},
+            timeout=connection_wait_s,
             open=False,
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends

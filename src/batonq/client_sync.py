@@ -90,6 +90,9 @@ class Client:
       False polls every ``poll_interval_s`` instead (for PgBouncer in
       transaction mode, together with ``prepare=False``).
     - ``sweeper``: run a leader-elected sweeper in this process.
+    - ``connection_wait_s``: how long a call waits for a pooled connection
+      (the database down, or every connection busy) before it fails with
+      ``psycopg_pool.PoolTimeout``.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Client:
         prepare: bool = True,
         sweeper: bool = False,
         worker_name: str | None = None,
+        connection_wait_s: float = 30.0,
     ) -> None:
         self.dsn = dsn
         self.worker_name = worker_name or _default_worker()
@@ -112,6 +116,7 @@ class Client:
             min_size=min_connections,
             max_size=max_connections,
             kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None, "context": _ADAPTERS},
+            timeout=connection_wait_s,
             open=False,
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends

@@ -10,10 +10,13 @@ import signal
 import time
 from typing import Any
 
+import pytest
 from tests.proc_worker import Worker
 from tests.waiting import wait_for
 
 import batonq
+
+pytestmark = pytest.mark.chaos
 
 Q = "chaos"
 LEASE_S = 2

@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 from batonq.client import AsyncClient
 from batonq.mcp.access import SCOPE_KEY, Access
 from batonq.mcp.server import build_server
-from batonq.service.auth import authenticate
+from batonq.service.auth import authenticate_from
 from batonq.service.problems import ApiError, body
 
 __all__ = ["PATH", "mount"]
@@ -40,7 +40,10 @@ class _Authenticated:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client: AsyncClient = self.app.state.client
         try:
-            principal = await authenticate(client, Headers(scope=scope).get("authorization"))
+            address = scope["client"][0] if scope.get("client") else ""
+            principal = await authenticate_from(
+                self.app.state.failed_auth, address, client, Headers(scope=scope).get("authorization")
+            )
         except ApiError as error:
             await _refuse(send, error)
             return

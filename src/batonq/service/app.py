@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import batonq
 from batonq.client import AsyncClient
 from batonq.service import admin, discovery, problems, reads, stream, work
+from batonq.service.auth import FailedAuth
 from batonq.service.limits import (
     DEFAULT_MAX_STREAMS_PER_KEY,
     DEFAULT_NEW_QUEUES_PER_HOUR,
@@ -138,7 +139,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        options = {"max_connections": 20, "sweeper": sweeper, **(client_options or {})}
+        # While the database is down a request waits at most 1.5 s for a
+        # connection, then answers 503: callers retry instead of hanging.
+        options: dict[str, Any] = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 1.5}
+        options.update(client_options or {})
         async with await AsyncClient(dsn, **options).open() as client:
             app.state.client = client
             app.state.pending_counts = PendingCounts(client, reuse_s=keepalive_s)
@@ -157,6 +161,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.keepalive_s = keepalive_s
     app.state.open_per_key = OpenPerKey(max_streams_per_key)
+    app.state.failed_auth = FailedAuth()
     problems.install(app)
     for module in (work, stream, reads, admin, discovery):
         app.include_router(module.router)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
+import time
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -15,7 +18,7 @@ from batonq.rings import RINGS, covers
 from batonq.service.problems import ApiError
 from batonq.service.state import client_of
 
-__all__ = ["Principal", "authenticate", "require"]
+__all__ = ["FailedAuth", "Principal", "authenticate", "authenticate_from", "require"]
 
 _KEY = re.compile(r"bq_([0-9]{1,18})_([0-9a-f]{64})")
 _NO_HASH = bytes(32)
@@ -58,11 +61,62 @@ async def authenticate(client: AsyncClient, header: str | None) -> Principal:
     return Principal(int(match[1]), auth.ring, tuple(auth.queues))
 
 
+class FailedAuth:
+    """Failed authentications per client address, over a sliding window:
+    an address with ``limit`` failures in the last ``window_s`` seconds gets
+    429 for every request (whatever key it sends) until the oldest leaves the
+    window. At most ``addresses`` addresses are tracked, the least recent
+    dropped first, so a flood of sources cannot grow memory."""
+
+    def __init__(self, limit: int = 100, window_s: float = 60.0, addresses: int = 10_000) -> None:
+        self.limit, self.window_s, self.addresses = limit, window_s, addresses
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, address: str, now: float) -> deque[float]:
+        failures = self._failures.get(address, deque())
+        while failures and failures[0] <= now - self.window_s:
+            failures.popleft()
+        return failures
+
+    def check(self, address: str) -> None:
+        """429 if ``address`` is over the limit."""
+        now = time.monotonic()
+        failures = self._recent(address, now)
+        if len(failures) >= self.limit:
+            retry_after = max(1, math.ceil(failures[-self.limit] + self.window_s - now))
+            raise ApiError(429, "too_many_failures",
+                           f"too many failed authentications from this address; try again in {retry_after} s",
+                           headers={"Retry-After": str(retry_after)})  # fmt: skip
+
+    def failed(self, address: str) -> None:
+        failures = self._recent(address, time.monotonic())
+        failures.append(time.monotonic())
+        self._failures[address] = failures
+        self._failures.move_to_end(address)
+        while len(self._failures) > self.addresses:
+            self._failures.popitem(last=False)
+
+
+async def authenticate_from(
+    failed: FailedAuth, address: str, client: AsyncClient, header: str | None
+) -> Principal:
+    """``authenticate``, under ``failed``'s limit for the client's ``address``."""
+    failed.check(address)
+    try:
+        return await authenticate(client, header)
+    except ApiError:
+        failed.failed(address)
+        raise
+
+
 def require(ring: int) -> Callable[[Request], Awaitable[Principal]]:
     """A dependency: the request's key, which must be of ``ring`` or stronger."""
 
     async def dependency(request: Request) -> Principal:
-        principal = await authenticate(client_of(request), request.headers.get("authorization"))
+        address = request.client.host if request.client else ""
+        principal = await authenticate_from(
+            request.app.state.failed_auth, address, client_of(request), request.headers.get("authorization")
+        )
         if principal.ring > ring:
             raise ApiError(
                 403, "forbidden", f"this needs a key of ring {ring} ({RINGS[ring]}) or stronger"
