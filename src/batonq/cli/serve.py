@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from batonq.cli.common import open_client, resolved_dsn
 
-__all__ = ["serve"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["app_from_env", "serve"]
+
+# How `--workers N` hands the service's settings to its N processes.
+_ENV_APP = "BATONQ_SERVE_APP"
 
 
 @click.command()
@@ -27,16 +37,38 @@ __all__ = ["serve"]
     type=click.FloatRange(0.1, 300),
     help="Seconds between keep-alive comments on an idle /v1/stream.",
 )
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Service processes on the one port, each with its own pool and LISTEN connection.",
+)
+@click.option(
+    "--max-connections",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Database connections per process (the pool's bound; LISTEN and the sweeper take one each more).",
+)
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 @click.pass_context
 def serve(
-    ctx: click.Context, host: str, port: int, max_body_bytes: int, keepalive_s: float, log_level: str
+    ctx: click.Context,
+    host: str,
+    port: int,
+    max_body_bytes: int,
+    keepalive_s: float,
+    workers: int,
+    max_connections: int,
+    log_level: str,
 ) -> None:
     """Run the HTTP API (/v1), with a sweeper, on the embedded database by default.
 
     On its first start (no API key yet) it prints an admin key, once.
-    Run several against one database to scale out.
+    Run several against one database to scale out (or --workers N).
+    Behind PgBouncer, set $BATONQ_LISTEN_URL to PostgreSQL itself.
 
     \b
     Example:
@@ -57,5 +89,19 @@ def serve(
             "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
             err=True,
         )
-    app = create_app(dsn, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    settings = {"dsn": dsn, "max_body_bytes": max_body_bytes, "keepalive_s": keepalive_s,
+                "client_options": {"max_connections": max_connections}}  # fmt: skip
+    if workers == 1:
+        uvicorn.run(create_app(**settings), host=host, port=port, log_level=log_level)
+        return
+    os.environ[_ENV_APP] = json.dumps(settings)  # the worker processes inherit it
+    uvicorn.run("batonq.cli.serve:app_from_env", factory=True, workers=workers,
+                host=host, port=port, log_level=log_level)  # fmt: skip
+
+
+def app_from_env() -> FastAPI:
+    """The service in one of ``--workers N`` processes."""
+    from batonq.service import create_app
+
+    settings: dict[str, Any] = json.loads(os.environ[_ENV_APP])
+    return create_app(**settings)
