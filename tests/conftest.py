@@ -102,7 +102,7 @@ def pooler(server_dsn: str) -> Iterator[tuple[str, int] | None]:
     if os.environ.get("BATONQ_TEST_PGBOUNCER", "") in ("", "0"):
         yield None
         return
-    from tests.pooler import pgbouncer
+    from tests.deployed import pgbouncer
 
     with pgbouncer(server_dsn) as address:
         yield address

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from tests.pooler import pgbouncer
+from tests.deployed import pgbouncer
 from tests.waiting import wait_for
 
 import batonq
@@ -85,7 +85,9 @@ def test_many_pooled_calls_on_many_connections_without_prepared_statements(
         assert done == ids
 
 
-def wake_latency(waiter: batonq.Client, producer: batonq.Client, sql: psycopg.Connection[Any], n: int) -> float:
+def wake_latency(
+    waiter: batonq.Client, producer: batonq.Client, sql: psycopg.Connection[Any], n: int
+) -> float:
     """Seconds from an enqueue's commit to the return of a long-poll claim
     that was waiting for it, with polling too slow to matter."""
     thread, out = claim_in_thread(waiter, wait_s=10)
