@@ -89,7 +89,7 @@ def serve(
             "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
             err=True,
         )
-    settings = {"dsn": dsn, "max_body_bytes": max_body_bytes, "keepalive_s": keepalive_s,
+    settings: dict[str, Any] = {"dsn": dsn, "max_body_bytes": max_body_bytes, "keepalive_s": keepalive_s,
                 "client_options": {"max_connections": max_connections}}  # fmt: skip
     if workers == 1:
         uvicorn.run(create_app(**settings), host=host, port=port, log_level=log_level)
