@@ -115,10 +115,15 @@ def direct_dsn(admin_dsn: str) -> str:
 
 
 @pytest.fixture
-def dsn(direct_dsn: str, pooler: tuple[str, int] | None, monkeypatch: pytest.MonkeyPatch) -> str:
+def dsn(
+    direct_dsn: str,
+    pooler: tuple[str, int] | None,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> str:
     """The same database as a role with nothing but batonq_worker's grants
-    (through PgBouncer in that mode)."""
-    if pooler is None:
+    (through PgBouncer in that mode, unless the test is marked ``direct``)."""
+    if pooler is None or request.node.get_closest_marker("direct") is not None:
         return direct_dsn
     monkeypatch.setenv(ENV_LISTEN_DSN, direct_dsn)
     return make_conninfo(direct_dsn, host=pooler[0], port=pooler[1])
