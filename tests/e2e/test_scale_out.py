@@ -1,10 +1,12 @@
 """Three ``batonq serve`` processes behind nginx (deploy/nginx.conf) are one
-service: twelve HTTP workers do 10,000 tasks, each exactly once, while one
+service: twelve HTTP workers do 3,000 tasks (10,000 with
+BATONQ_TEST_SCALE_TASKS=10000), each exactly once, while one
 process is SIGKILLed midway; event-stream subscribers whose node died
 reconnect through the proxy and keep receiving."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -21,7 +23,8 @@ from tests.waiting import wait_for
 
 Q = "scale:jobs"
 EVENTS = "scale:events"
-TASKS = int(os.environ.get("BATONQ_TEST_SCALE_TASKS", "10000"))
+# 3,000 in the suite; BATONQ_TEST_SCALE_TASKS=10000 for the full size.
+TASKS = int(os.environ.get("BATONQ_TEST_SCALE_TASKS", "3000"))
 WORKERS = 12
 BATCH = 10
 LEASE_S = 5  # a claim whose reply died with its node: the task comes back this soon
@@ -178,3 +181,89 @@ def test_three_servers_behind_nginx_do_10000_tasks_once_through_a_sigkill(
     on_victim = [f for f in followers if f.upstreams[0] == victim_address]
     assert on_victim, "a stream was on the killed node"
     assert all(len(f.upstreams) >= 2 and f.upstreams[-1] != victim_address for f in on_victim)
+
+
+IDLE_CLIENTS = 1_000
+POOL = 4
+IDLE_Q = "scale:idle"
+
+
+@pytest.mark.timeout(900)
+async def test_a_thousand_idle_long_polls_hold_a_handful_of_connections(
+    serve: Serve, sql: psycopg.Connection[Any]
+) -> None:
+    """Long-polls wait on the process's one LISTEN connection and take a
+    pooled connection only for each look: 1,000 of them waiting cost the
+    pool's bound plus the LISTEN and sweeper connections."""
+    server = serve("--max-connections", str(POOL))
+    assert server.admin_key
+    headers = {"Authorization": f"Bearer {server.admin_key}"}
+    limits = httpx.Limits(max_connections=IDLE_CLIENTS + 10, max_keepalive_connections=IDLE_CLIENTS + 10)
+    # Each waiter looks again every second (the service's poll interval), so
+    # 1,000 of them keep the pool busy: replies may take a while on a loaded machine.
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=300, limits=limits) as http:
+        assert (
+            await http.post("/v1/enqueue", json={"queue": IDLE_Q, "payload": "make the queue"})
+        ).status_code == 200
+        assert (
+            len((await http.post("/v1/claim", json={"queue": IDLE_Q, "lease_s": 3600})).json()["tasks"]) == 1
+        )
+
+        async def wait_for_one() -> list[dict[str, Any]]:
+            answer = await http.post("/v1/claim", json={"queue": IDLE_Q, "wait_s": 45, "lease_s": 600})
+            assert answer.status_code == 200, answer.text
+            return answer.json()["tasks"]  # type: ignore[no-any-return]
+
+        waiters = [asyncio.create_task(wait_for_one()) for _ in range(IDLE_CLIENTS)]
+
+        def connections() -> int:
+            row = sql.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        def in_flight() -> int:
+            return sum(not w.done() for w in waiters)
+
+        # Every request is in the server once the server has looked for each:
+        # wait until the requests have all been sent and none has returned.
+        deadline = time.monotonic() + 30
+        most = 0
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            most = max(most, connections())
+            assert in_flight() == IDLE_CLIENTS, "a long-poll returned early"
+        assert most <= POOL + 2, f"{most} connections for {IDLE_CLIENTS} waiting long-polls"
+
+        batch = [{"queue": IDLE_Q, "payload": {"n": n}} for n in range(IDLE_CLIENTS)]
+        assert (await http.post("/v1/enqueue", json=batch)).status_code == 200
+        got = await asyncio.wait_for(asyncio.gather(*waiters), timeout=300)
+    assert sorted(len(tasks) for tasks in got) == [1] * IDLE_CLIENTS
+    assert connections() <= POOL + 2
+
+
+def test_serve_workers_runs_that_many_processes_on_one_port(
+    serve: Serve, sql: psycopg.Connection[Any]
+) -> None:
+    server = serve("--workers", "2")
+    assert server.admin_key
+    with server.http(server.admin_key) as http:
+        for n in range(20):  # new connections, spread over the processes by the kernel
+            with server.http(server.admin_key) as once:
+                assert (
+                    once.post("/v1/enqueue", json={"queue": "scale:w", "payload": {"n": n}}).status_code
+                    == 200
+                )
+        assert len(http.post("/v1/claim", json={"queue": "scale:w", "max_tasks": 20}).json()["tasks"]) == 20
+
+    def sweepers() -> int:
+        # One sweeper per process: one leads (sweep), the other stands by (try-lock).
+        row = sql.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query ~ 'batonq.sweep|batonq.maintain|pg_try_advisory_lock'"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    wait_for(lambda: sweepers() == 2, timeout=60, what="a sweeper in each of the two processes")
