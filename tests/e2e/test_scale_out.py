@@ -262,7 +262,7 @@ def test_serve_workers_runs_that_many_processes_on_one_port(
         # One sweeper per process: one leads (sweep), the other stands by (try-lock).
         row = sql.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND query ~ 'batonq.sweep|batonq.maintain|pg_try_advisory_lock'"
+            " AND pid <> pg_backend_pid() AND query ~ 'batonq.sweep|batonq.maintain|pg_try_advisory_lock'"
         ).fetchone()
         return int(row[0]) if row else 0
 
