@@ -8,7 +8,8 @@ The worker path runs as a login role that is only a member of batonq_worker.
 ``BATONQ_TEST_PGBOUNCER=1`` puts a PgBouncer in transaction mode (started for
 the session, with deploy/pgbouncer.ini) in front of the worker and reader
 DSNs, with ``$BATONQ_LISTEN_URL`` naming the server itself for LISTEN; the
-schema owner's connections (migrations, ``sql``, ``admin``) stay direct.
+schema owner's connections (migrations, ``sql``, ``admin``) stay direct, as
+do tests marked ``direct``, which watch one session on the server.
 """
 
 from __future__ import annotations
