@@ -4,6 +4,12 @@
 127.0.0.1:5432); ``embedded`` starts a private one from pgserver. The schema is
 migrated once into a template database; every test gets its own copy.
 The worker path runs as a login role that is only a member of batonq_worker.
+
+``BATONQ_TEST_PGBOUNCER=1`` puts a PgBouncer in transaction mode (started for
+the session, with deploy/pgbouncer.ini) in front of the worker and reader
+DSNs, with ``$BATONQ_LISTEN_URL`` naming the server itself for LISTEN; the
+schema owner's connections (migrations, ``sql``, ``admin``) stay direct, as
+do tests marked ``direct``, which watch one session on the server.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import batonq
+from batonq.client import ENV_LISTEN_DSN
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 WORKER_ROLE = "batonq_test_worker"
@@ -90,15 +97,42 @@ def admin_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
         yield dsn
 
 
+@pytest.fixture(scope="session")
+def pooler(server_dsn: str) -> Iterator[tuple[str, int] | None]:
+    """(host, port) of the session's PgBouncer with BATONQ_TEST_PGBOUNCER=1, else None."""
+    if os.environ.get("BATONQ_TEST_PGBOUNCER", "") in ("", "0"):
+        yield None
+        return
+    from tests.deployed import pgbouncer
+
+    with pgbouncer(server_dsn) as address:
+        yield address
+
+
 @pytest.fixture
-def dsn(admin_dsn: str) -> str:
-    """The same database as a role with nothing but batonq_worker's grants."""
+def direct_dsn(admin_dsn: str) -> str:
+    """The worker role's DSN straight to PostgreSQL, even behind PgBouncer."""
     return with_db(admin_dsn, conninfo_to_dict(admin_dsn)["dbname"], user=WORKER_ROLE)
 
 
 @pytest.fixture
-def reader_dsn(admin_dsn: str) -> str:
-    return with_db(admin_dsn, conninfo_to_dict(admin_dsn)["dbname"], user=READER_ROLE)
+def dsn(
+    direct_dsn: str,
+    pooler: tuple[str, int] | None,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> str:
+    """The same database as a role with nothing but batonq_worker's grants
+    (through PgBouncer in that mode, unless the test is marked ``direct``)."""
+    if pooler is None or request.node.get_closest_marker("direct") is not None:
+        return direct_dsn
+    monkeypatch.setenv(ENV_LISTEN_DSN, direct_dsn)
+    return make_conninfo(direct_dsn, host=pooler[0], port=pooler[1])
+
+
+@pytest.fixture
+def reader_dsn(dsn: str) -> str:
+    return make_conninfo(dsn, user=READER_ROLE)
 
 
 @pytest.fixture

@@ -44,7 +44,9 @@ from batonq.models import (
 from batonq.operations import MISSING, Call
 from batonq.sweeper import Sweeper
 
-__all__ = ["Client", "connect"]
+__all__ = ["ENV_LISTEN_DSN", "Client", "connect"]
+
+ENV_LISTEN_DSN = "BATONQ_LISTEN_URL"
 
 T = TypeVar("T")
 
@@ -87,8 +89,15 @@ class Client:
     Usage: ``with batonq.connect() as client: ...``
 
     - ``listen``: wake long-poll claims with LISTEN/NOTIFY (one connection);
-      False polls every ``poll_interval_s`` instead (for PgBouncer in
-      transaction mode, together with ``prepare=False``).
+      False polls every ``poll_interval_s`` instead.
+    - ``listen_dsn`` (default ``$BATONQ_LISTEN_URL``, else ``dsn``): where the
+      two session-bound connections go, the LISTEN one and the sweeper's
+      (its leader lock lives as long as its connection). Behind PgBouncer in
+      transaction mode give ``dsn`` the pooler and ``listen_dsn`` PostgreSQL
+      itself.
+    - ``prepare``: server-side prepared statements for repeated calls; by
+      default on unless ``listen_dsn`` differs from ``dsn`` (a pooler, which
+      may hand each transaction another server connection).
     - ``sweeper``: run a leader-elected sweeper in this process.
     - ``connection_wait_s``: how long a call waits for a pooled connection
       (the database down, or every connection busy) before it fails with
@@ -103,12 +112,16 @@ class Client:
         max_connections: int = 10,
         listen: bool = True,
         poll_interval_s: float = 1.0,
-        prepare: bool = True,
+        listen_dsn: str | None = None,
+        prepare: bool | None = None,
         sweeper: bool = False,
         worker_name: str | None = None,
         connection_wait_s: float = 30.0,
     ) -> None:
         self.dsn = dsn
+        self.listen_dsn = listen_dsn or os.environ.get(ENV_LISTEN_DSN) or dsn
+        if prepare is None:
+            prepare = self.listen_dsn == dsn
         self.worker_name = worker_name or _default_worker()
         self.poll_interval_s = poll_interval_s
         self._pool = ConnectionPool(
@@ -120,8 +133,8 @@ class Client:
             open=False,
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
-        self._listener = Listener(dsn, self.forget_awaited) if listen else NoListener()
-        self._sweeper = Sweeper(dsn) if sweeper else None
+        self._listener = Listener(self.listen_dsn, self.forget_awaited) if listen else NoListener()
+        self._sweeper = Sweeper(self.listen_dsn) if sweeper else None
 
     def open(self) -> Client:
         self._pool.open(wait=True)

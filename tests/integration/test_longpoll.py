@@ -22,6 +22,10 @@ import batonq
 from batonq import operations
 from batonq.listener import Listener
 
+# They tell a waiter's session apart on the server, which a pooler hides
+# (tests/integration/test_pgbouncer.py has the wake-ups through PgBouncer).
+pytestmark = pytest.mark.direct
+
 Q = "shop:tasks"
 SENTINEL = "shop:sentinel"
 AWAIT_SQL = "SELECT batonq.await_work(%s, 60)"

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 from tests.waiting import wait_for
 
@@ -44,6 +45,7 @@ def lease_out_and_wait_back(client: batonq.Client, task_ids: set[int]) -> None:
     assert {client.task(task_id).last_error for task_id in task_ids} == {"lease expired"}
 
 
+@pytest.mark.direct  # a Sweeper's leader lock needs a session: never through a transaction pooler
 def test_one_leader_sweeps_and_another_takes_over_when_it_stops(
     client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from batonq.cli.common import open_client, resolved_dsn
 
-__all__ = ["serve"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["app_from_env", "serve"]
+
+# How `--workers N` hands the service's settings to its N processes.
+_ENV_APP = "BATONQ_SERVE_APP"
 
 
 @click.command()
@@ -41,6 +51,20 @@ __all__ = ["serve"]
     type=click.IntRange(1),
     help="Queues a key below ring 1 may create (by enqueueing) per hour, per process; more get 429.",
 )
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Service processes on the one port, each with its own pool and LISTEN connection.",
+)
+@click.option(
+    "--max-connections",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Database connections per process (the pool's bound; LISTEN and the sweeper take one each more).",
+)
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 @click.pass_context
@@ -52,13 +76,16 @@ def serve(
     keepalive_s: float,
     max_streams_per_key: int,
     new_queues_per_key: int,
+    workers: int,
+    max_connections: int,
     log_level: str,
 ) -> None:
     """Run the HTTP API (/v1) and the dashboard (/ui), with a sweeper, on the
     embedded database by default.
 
     On its first start (no API key yet) it prints an admin key, once.
-    Run several against one database to scale out.
+    Run several against one database to scale out (or --workers N).
+    Behind PgBouncer, set $BATONQ_LISTEN_URL to PostgreSQL itself.
 
     \b
     Example:
@@ -81,8 +108,20 @@ def serve(
         )
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"Dashboard: http://{shown}:{port}/ui (sign in with an API key)", err=True)
-    app = create_app(
-        dsn, max_body_bytes=max_body_bytes, keepalive_s=keepalive_s, max_streams_per_key=max_streams_per_key,
-        new_queues_per_hour=new_queues_per_key,
-    )  # fmt: skip
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    settings: dict[str, Any] = {"dsn": dsn, "max_body_bytes": max_body_bytes, "keepalive_s": keepalive_s,
+                "max_streams_per_key": max_streams_per_key, "new_queues_per_hour": new_queues_per_key,
+                "client_options": {"max_connections": max_connections}}  # fmt: skip
+    if workers == 1:
+        uvicorn.run(create_app(**settings), host=host, port=port, log_level=log_level)
+        return
+    os.environ[_ENV_APP] = json.dumps(settings)  # the worker processes inherit it
+    uvicorn.run("batonq.cli.serve:app_from_env", factory=True, workers=workers,
+                host=host, port=port, log_level=log_level)  # fmt: skip
+
+
+def app_from_env() -> FastAPI:
+    """The service in one of ``--workers N`` processes."""
+    from batonq.service import create_app
+
+    settings: dict[str, Any] = json.loads(os.environ[_ENV_APP])
+    return create_app(**settings)

@@ -217,7 +217,9 @@ class Worker:
             self._fields = {"worker": client.worker_name}
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="batonq-job")
             stack.callback(self._executor.shutdown, wait=False, cancel_futures=True)
-            listener = AsyncListener(client.dsn, client.forget_awaited) if self.listen else AsyncNoListener()
+            listener = (
+                AsyncListener(client.listen_dsn, client.forget_awaited) if self.listen else AsyncNoListener()
+            )
             stack.push_async_callback(listener.close)
             relays = [asyncio.create_task(self._relay(listener, queue)) for queue in self.queues]
             tickers = [asyncio.create_task(self._beat_ticks()), asyncio.create_task(self._summaries())]
