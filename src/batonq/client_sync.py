@@ -546,14 +546,15 @@ class Client:
         queue: str,
         *,
         state: str | None = None,
-        key: str | None = None,
+        idempotency_key: str | None = None,
         worker: str | None = None,
         limit: int = 50,
         before_id: int | str | None = None,
     ) -> list[Task]:
         """The newest tasks of a queue, by state, idempotency key and last worker."""
         call = operations.find_tasks(
-            queue, state=state, key=key, worker=worker, limit=limit, before_id=before_id
+            queue, state=state, idempotency_key=idempotency_key, worker=worker, limit=limit,
+            before_id=before_id,
         )
         return self._run(call)
 

@@ -484,14 +484,14 @@ def find_tasks(
     queue: str,
     *,
     state: str | None = None,
-    key: str | None = None,
+    idempotency_key: str | None = None,
     worker: str | None = None,
     limit: int = 50,
     before_id: int | str | None = None,
 ) -> Call[list[Task]]:
     return Call(
         "SELECT * FROM batonq.find_tasks(%s, %s, %s, %s, %s, %s)",
-        (queue, state, key, worker, limit, None if before_id is None else task_id(before_id)),
+        (queue, state, idempotency_key, worker, limit, None if before_id is None else task_id(before_id)),
         _all(Task),
     )
 

@@ -185,7 +185,7 @@ class Enqueuer:
             with self.lock:
                 self.calls.append(call)
             try:
-                answer = client.enqueue(A, {"n": n}, key=key, max_attempts=self.max_attempts)
+                answer = client.enqueue(A, {"n": n}, idempotency_key=key, max_attempts=self.max_attempts)
             except (batonq.BatonqError, psycopg.Error, OSError) as error:
                 # A broken connection leaves the outcome unknown; anything else failed.
                 call.outcome = "unknown" if _connection_level(error) else "failed"

@@ -162,8 +162,8 @@ def test_queue_counts_match_the_database_and_follow_an_enqueue_without_a_reload(
 def test_the_task_page_shows_attempts_tokens_late_writes_and_lineage(
     admin: Page, client: Client, shared_server: LiveServer
 ) -> None:
-    root = client.enqueue("story:root", {"order": 7}, key="order-7")
-    child = client.enqueue("story:child", {"step": 2}, parent_id=root.task_id)
+    root = client.enqueue("story:root", {"order": 7}, idempotency_key="order-7")
+    child = client.enqueue("story:child", {"step": 2}, parent=root.task_id)
     [first] = client.claim("story:root", worker="alpha")
     client.fail(first.lease_token, {"why": "flaky"}, retry_delay_s=0)
     [second] = client.claim("story:root", worker="beta")

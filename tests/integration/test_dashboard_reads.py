@@ -49,7 +49,7 @@ def test_queue_pages_keep_to_scopes_and_search(admin: batonq.Client, reader: bat
 
 
 def test_tasks_by_key_worker_and_dead_letters(admin: batonq.Client, reader: batonq.Client) -> None:
-    keyed = admin.enqueue("f:q", {"n": 1}, key="order-1")
+    keyed = admin.enqueue("f:q", {"n": 1}, idempotency_key="order-1")
     admin.enqueue("f:q", {"n": 2})
     [lease] = admin.claim("f:q", worker="w-dead")
     admin.fail(lease.lease_token, "card declined", requeue=False)
@@ -57,8 +57,8 @@ def test_tasks_by_key_worker_and_dead_letters(admin: batonq.Client, reader: bato
     [lease] = admin.claim("g:q", worker="w-dead")
     admin.fail(lease.lease_token, "timeout", requeue=False)
 
-    assert [t.id for t in reader.find_tasks("f:q", key="order-1")] == [keyed.task_id]
-    assert [t.id for t in reader.find_tasks("f:q", key="order-1", state="pending")] == []
+    assert [t.id for t in reader.find_tasks("f:q", idempotency_key="order-1")] == [keyed.task_id]
+    assert [t.id for t in reader.find_tasks("f:q", idempotency_key="order-1", state="pending")] == []
     assert [t.worker for t in reader.find_tasks("f:q", worker="w-dead")] == ["w-dead"]
     assert reader.find_tasks("f:q", worker="nobody") == []
     assert [t.id for t in reader.dead_tasks(["g:*"])] == [other.task_id]

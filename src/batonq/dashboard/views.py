@@ -219,7 +219,7 @@ async def tasks_page(request: Request, session: Reader) -> Response:
         else:
             try:
                 found = await client_of(request).find_tasks(
-                    queue, state=state, key=key, worker=worker, limit=PAGE, before_id=before
+                    queue, state=state, idempotency_key=key, worker=worker, limit=PAGE, before_id=before
                 )
             except errors.BatonqError as error:
                 problem = error.message
