@@ -139,9 +139,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # While the database is down a request waits at most 1.5 s for a
+        # While the database is down a request waits at most 1 s for a
         # connection, then answers 503: callers retry instead of hanging.
-        options: dict[str, Any] = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 1.5}
+        options: dict[str, Any] = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 1.0}
         options.update(client_options or {})
         async with await AsyncClient(dsn, **options).open() as client:
             app.state.client = client
