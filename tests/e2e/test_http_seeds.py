@@ -120,6 +120,9 @@ def test_writes_by_fencing_token_are_taken_from_the_claiming_key_only(
         assert beat.status_code == 200 and beat.json()["lease_expires_in_s"] > 100, beat.text
         failed = mine.post("/v1/fail", json={**named, "error": "flaky", "retry_delay_s": 0})
         assert failed.json()["state"] == "pending", failed.text
+        # The fail, repeated by the same key while the task waits, is its replay.
+        repeated = mine.post("/v1/fail", json={**named, "error": "flaky", "retry_delay_s": 0})
+        assert repeated.json() == {**failed.json(), "replayed": True}, repeated.text
         again = claim_one(mine, "fenced")
         assert again["fencing_token"] > task["fencing_token"]
 
@@ -129,9 +132,10 @@ def test_writes_by_fencing_token_are_taken_from_the_claiming_key_only(
         late_forged = mine.post("/v1/heartbeat", json={"lease_token": forged(task)})
         late_other = other.post("/v1/heartbeat", json=named)
         assert late_forged.json() == late_other.json() == late.json()
-        # A complete under the token a fail was accepted with replays that fail.
-        replayed = mine.post("/v1/submit", json={**named, "result": "late"})
-        assert replayed.json() == {**failed.json(), "replayed": True}
+        # A complete under the token a fail was accepted with is not that
+        # fail again: refused, as late.
+        not_a_replay = mine.post("/v1/submit", json={**named, "result": "late"})
+        assert problem(not_a_replay, 409, "lease_lost")["current_fencing_token"] == again["fencing_token"]
 
         newest = {"task_id": again["task_id"], "fencing_token": again["fencing_token"]}
         done = mine.post("/v1/submit", json=[{**newest, "result": {"ok": True}}])

@@ -278,7 +278,7 @@ def test_huge_numbers_are_refused_at_every_door(
     conn.execute("SELECT * FROM batonq.enqueue(%s, %s)", (Q, Jsonb({"id": huge})))
     assert client.tasks(Q)[0].payload == {"id": huge}
     [lease, _] = client.claim(Q, max_tasks=2)
-    assert lease.payload == [999 * 10**297, -1e-300, 12.5]
+    assert lease.row == [999 * 10**297, -1e-300, 12.5]
     error = engine_error(conn, "SELECT * FROM batonq.complete(%s, %s::jsonb)", (lease.lease_token, huge))
     assert type(error) is batonq.NumberTooLarge
     error = engine_error(conn, "SELECT * FROM batonq.fail(%s, %s::jsonb)", (lease.lease_token, huge))
@@ -304,7 +304,7 @@ def test_rows_stored_before_the_limits_still_load(
     listed = client.tasks(Q)
     assert len(listed) == 2
     leases = client.claim(Q, max_tasks=2)
-    by_id = {lease.task_id: lease.payload for lease in leases}
+    by_id = {lease.task_id: lease.row for lease in leases}
     legacy, deeper = by_id[min(by_id)], by_id[max(by_id)]
     # Too deep to serve: its JSON text; too long for int: a Decimal.
     assert legacy == legacy_text

@@ -19,7 +19,7 @@ def finish_days_ago(sql: psycopg.Connection[Any], task_id: int, days: int) -> No
            INSERT INTO batonq.archive SELECT id, queue, state, priority, run_at, created_at, payload,
                   attempts, max_attempts, idempotency_key, parent_id, root_id, fencing_token, claimed_at,
                   worker, stage, last_error, errors, join_task_id, fan_index, result,
-                  finished_at - make_interval(days => %(d)s) FROM moved""",
+                  finished_at - make_interval(days => %(d)s), lease_secret, claim_key FROM moved""",
         {"id": task_id, "d": days},
     )
     sql.execute(

@@ -124,7 +124,10 @@ CREATE TABLE batonq.archive (
     finished_at      timestamptz NOT NULL,
     -- The secret of the lease the task finished under: a repeated complete
     -- is a replay only from that lease. No listing returns it.
-    lease_secret     uuid
+    lease_secret     uuid,
+    -- The API key that claimed that lease: its replays may name the lease by
+    -- task and fencing token (batonq.lease_token_for_key).
+    claim_key        bigint
 ) PARTITION BY RANGE (finished_at);
 
 -- Rows land here only when the day's partition was never made (maintenance

@@ -94,12 +94,23 @@ BEGIN
     SELECT queue, fencing_token, claim_key, lease_secret INTO v_queue, v_token, v_key, v_secret
       FROM batonq.tasks WHERE id = p_task_id;
     IF NOT FOUND THEN
-        v_queue := (SELECT a.queue FROM batonq.archive a WHERE a.id = p_task_id LIMIT 1);
-        IF v_queue IS NULL THEN
+        -- Finished: the archive keeps the last lease's secret and key, so
+        -- that key's repeated complete or fail is still a replay.
+        SELECT queue, fencing_token, claim_key, lease_secret INTO v_queue, v_token, v_key, v_secret
+          FROM batonq.archive WHERE id = p_task_id LIMIT 1;
+        IF NOT FOUND THEN
             RAISE EXCEPTION 'task t_% not found', p_task_id
                 USING ERRCODE = 'BQ002', DETAIL = jsonb_build_object('task_id', p_task_id)::text;
         END IF;
-    ELSIF v_token = p_fencing_token AND v_key = p_key_id AND v_secret IS NOT NULL THEN
+    ELSIF v_token = p_fencing_token AND v_key = p_key_id AND v_secret IS NULL THEN
+        -- Failed and waiting for its retry: the accepted fail kept the
+        -- secret in the ledger, for the same key's repeated fail.
+        v_secret := (SELECT s.lease_secret FROM batonq.submits s
+                      WHERE s.task_id = p_task_id AND s.fencing_token = p_fencing_token
+                        AND s.outcome = 'accepted' AND s.kind = 'fail'
+                      LIMIT 1);
+    END IF;
+    IF v_token = p_fencing_token AND v_key = p_key_id AND v_secret IS NOT NULL THEN
         RETURN batonq._lease_token(v_queue, p_task_id, p_fencing_token, v_secret);
     END IF;
     RETURN batonq._lease_token(v_queue, p_task_id, p_fencing_token, '00000000-0000-0000-0000-000000000000');
