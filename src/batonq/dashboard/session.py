@@ -110,7 +110,7 @@ def check_login_csrf(request: Request, sent: object) -> bool:
 
 
 def set_flash(request: Request, response: Response, ref: str) -> None:
-    """Mark the task ``ref`` as just acted on, for the next page to say so once (see flash)."""
+    """Mark the task ``ref`` as just acted on, for its page to say so once (see take_flash)."""
     _set_cookie(request, response, FLASH_COOKIE, ref, "/ui")
 
 
