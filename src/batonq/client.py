@@ -31,7 +31,6 @@ from batonq.models import (
     Edge,
     Enqueued,
     KeyAuth,
-    LateWrite,
     Lease,
     NewKey,
     QueueConfig,
@@ -572,10 +571,6 @@ class AsyncClient:
         """Dead tasks across the queues ``scopes`` cover, newest first."""
         call = operations.dead_tasks(scopes, queue=queue, error=error, limit=limit, before_id=before_id)
         return await self._run(call)
-
-    async def late_writes(self, task_id: int | str) -> list[LateWrite]:
-        """The writes about a task that came after their lease was lost, set aside."""
-        return await self._run(operations.late_writes(task_id))
 
     async def worker_scorecards(
         self, scopes: Sequence[str] = ("*",), *, since_s: float = 86400.0

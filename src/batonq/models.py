@@ -12,7 +12,6 @@ __all__ = [
     "Edge",
     "Enqueued",
     "KeyAuth",
-    "LateWrite",
     "Lease",
     "NewKey",
     "QueueConfig",
@@ -251,21 +250,10 @@ class Throughput:
 
 
 @dataclass(frozen=True, slots=True)
-class LateWrite:
-    """A write about a task refused and set aside in the submit ledger: it
-    came under the lease with ``fencing_token`` after that lease was lost."""
-
-    fencing_token: int
-    kind: str
-    state_after: str
-    body: JSON
-    at: datetime
-
-
-@dataclass(frozen=True, slots=True)
 class Scorecard:
     """One worker name's record over a time window (see ``worker_scorecards``);
-    ``worker`` is None for late writes whose lease holder is not recorded."""
+    ``worker`` is None for what no worker name is recorded for (e.g. a late
+    write under a released lease)."""
 
     worker: str | None
     done: int

@@ -22,7 +22,6 @@ from batonq.models import (
     Edge,
     Enqueued,
     KeyAuth,
-    LateWrite,
     Lease,
     NewKey,
     QueueConfig,
@@ -509,10 +508,6 @@ def dead_tasks(
         (_scopes(scopes), queue, error, limit, None if before_id is None else task_id(before_id)),
         _all(Task),
     )
-
-
-def late_writes(id: int | str) -> Call[list[LateWrite]]:
-    return Call("SELECT * FROM batonq.late_writes(%s)", (task_id(id),), _all(LateWrite))
 
 
 def worker_scorecards(scopes: Sequence[str] = ("*",), *, since_s: float = 86400.0) -> Call[list[Scorecard]]:

@@ -4,6 +4,7 @@ pages and filters return what they say, scorecards count per worker."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -77,7 +78,7 @@ def test_throughput_counts_finishes_per_minute(admin: batonq.Client, reader: bat
     assert sum(r.done for r in rows) == 3 and {r.queue for r in rows} == {"tp:q"}
 
 
-def test_scorecards_and_late_writes(
+def test_scorecards_count_each_attempt_for_its_worker(
     admin: batonq.Client, reader: batonq.Client, sql: psycopg.Connection[Any]
 ) -> None:
     admin.enqueue("sc:q", 1)
@@ -103,17 +104,24 @@ def test_scorecards_and_late_writes(
     with pytest.raises(LeaseLost):
         admin.complete(lost.lease_token, "late")
 
-    cards = {c.worker: c for c in reader.worker_scorecards(["sc:*"])}
-    assert (cards["good"].done, cards["good"].failed, cards["good"].dead) == (1, 0, 0)
-    assert cards["good"].median_s is not None and cards["good"].last_seen is not None
-    assert (cards["flaky"].done, cards["flaky"].failed, cards["flaky"].dead) == (0, 1, 1)
-    assert cards["zombie"].late_writes == 1
-    assert cards[None].late_writes == 1  # slow's write: its lease is no longer the task's newest
-    assert cards["fast"].late_writes == 0
-    assert reader.worker_scorecards(["other:*"]) == []
+    # Two workers on one task: the first fails, the second finishes it.
+    admin.enqueue("sc:q", 5)
+    [tried] = admin.claim("sc:q", worker="flaky")
+    admin.fail(tried.lease_token, "flaked", retry_delay_s=0)
+    [rescue] = admin.claim("sc:q", worker="good")
+    admin.complete(rescue.lease_token, "ok")
+    [entry] = admin.task(tried.task_id).errors  # each lease that ended unfinished: who, from when to when
+    assert (entry["worker"], entry["fencing_token"]) == ("flaky", tried.fencing_token)
+    assert datetime.fromisoformat(entry["started_at"]) <= datetime.fromisoformat(entry["at"])
 
-    [late] = reader.late_writes(cancelled.task_id)
-    assert (late.fencing_token, late.kind, late.state_after, late.body) == (
-        zombie.fencing_token, "complete", "cancelled", "late"
-    )
-    assert [w.fencing_token for w in reader.late_writes(taken.task_id)] == [lost.fencing_token]
+    cards = {c.worker: c for c in reader.worker_scorecards(["sc:*"])}
+    assert (cards["good"].done, cards["good"].failed, cards["good"].dead) == (2, 0, 0)
+    assert cards["good"].median_s is not None and cards["good"].last_seen is not None
+    assert (cards["flaky"].done, cards["flaky"].failed, cards["flaky"].dead) == (0, 3, 1)
+    assert cards["zombie"].late_writes == 1
+    # slow's lease expired: the expiry and its late write are slow's, not fast's
+    assert (cards["slow"].failed, cards["slow"].late_writes) == (1, 1)
+    assert (cards["fast"].failed, cards["fast"].late_writes) == (0, 0)
+    assert None not in cards
+    assert reader.worker_scorecards(["other:*"]) == []
+    assert [w.fencing_token for w in reader.set_aside_writes([taken.task_id])] == [lost.fencing_token]

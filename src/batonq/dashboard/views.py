@@ -20,7 +20,19 @@ from fastapi.templating import Jinja2Templates
 
 from batonq import errors, operations
 from batonq.dashboard import layout
-from batonq.dashboard.session import Session, check_csrf, current, sign_in, sign_out
+from batonq.dashboard.session import (
+    FLASH_COOKIE,
+    Session,
+    check_csrf,
+    check_login_csrf,
+    current,
+    login_csrf,
+    set_flash,
+    set_login_csrf,
+    sign_in,
+    sign_out,
+    take_flash,
+)
 from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput
 from batonq.rings import RINGS
 from batonq.service.problems import ApiError
@@ -128,21 +140,30 @@ Reader = Annotated[Session, Depends(_signed_in)]
 # -- signing in ---------------------------------------------------------------
 
 
+def _login_page(request: Request, status: int = 200, error: str | None = None) -> Response:
+    token = login_csrf(request)
+    response = _page(request, None, "login.html", status=status, error=error, csrf=token)
+    set_login_csrf(request, response, token)
+    return response
+
+
 @router.get("/login")
 async def login_form(request: Request) -> Response:
-    return _page(request, None, "login.html")
+    return _login_page(request)
 
 
 @router.post("/login")
 async def login(request: Request) -> Response:
     form = await request.form()
+    if not check_login_csrf(request, form.get("csrf")):
+        return _login_page(request, 403, "This form is out of date: sign in again.")
     key = form.get("key")
     response = RedirectResponse("/ui", status_code=303)
     try:
         await sign_in(request, key.strip() if isinstance(key, str) else "", response)
     except ApiError as error:
         # 200, not 401: the form again, with the reason (a 401 page is a console error)
-        return _page(request, None, "login.html", error=error.message)
+        return _login_page(request, error=error.message)
     return response
 
 
@@ -236,16 +257,13 @@ def _moment(value: Any) -> datetime | None:
 
 
 def _attempts(task: Task) -> list[dict[str, Any]]:
-    """Every attempt: the failed ones from the task's history (errors), then
-    the current or last one. A task records the worker and start of its
-    newest lease only."""
+    """Every attempt: the ones that ended unfinished from the task's history
+    (errors, each with its worker and start), then the current or last one."""
     rows: list[dict[str, Any]] = []
     for entry in task.errors:
-        token = entry.get("fencing_token")
-        newest = token is not None and token == task.fencing_token
         rows.append({
-            "attempt": entry.get("attempt"), "fencing_token": token,
-            "worker": task.worker if newest else None, "started": task.claimed_at if newest else None,
+            "attempt": entry.get("attempt"), "fencing_token": entry.get("fencing_token"),
+            "worker": entry.get("worker"), "started": _moment(entry.get("started_at")),
             "ended": _moment(entry.get("at")), "error": entry.get("error"), "outcome": "failed",
         })  # fmt: skip
     failed_tokens = {row["fencing_token"] for row in rows}
@@ -261,7 +279,7 @@ def _attempts(task: Task) -> list[dict[str, Any]]:
 async def _task_context(request: Request, session: Session, task: Task) -> dict[str, Any]:
     client = client_of(request)
     late, run, lineage = await asyncio.gather(
-        client.late_writes(task.id), client.run_status(task.root_id), client.run_tasks(task.root_id)
+        client.set_aside_writes([task.id]), client.run_status(task.root_id), client.run_tasks(task.root_id)
     )
     family = [t for t in lineage[:LINEAGE_LIMIT] if session.covers(t.queue)]
     ids = {t.id for t in family}
@@ -292,11 +310,14 @@ async def task_page(request: Request, task_id: str, session: Reader) -> Response
     task = await _visible(request, session, task_id)
     if isinstance(task, Response):
         return task
+    ref = operations.task_ref(task.id)
     outcome = None
-    if request.query_params.get("did") in ACTIONS:  # back from a plain form's action
-        outcome = {"ok": True, "text": f"{operations.task_ref(task.id)} is {task.state} now."}
+    if request.cookies.get(FLASH_COOKIE) == ref:  # back from a plain form's action
+        outcome = {"ok": True, "text": f"{ref} is {task.state} now."}
     context = await _task_context(request, session, task)
-    return _page(request, session, "task.html", outcome=outcome, **context)
+    response = _page(request, session, "task.html", outcome=outcome, **context)
+    take_flash(request, response)
+    return response
 
 
 async def _may_act(request: Request, session: Session | None) -> Response | None:
@@ -336,7 +357,9 @@ async def act(request: Request, task_id: str, action: str) -> Response:
         outcome = {"ok": False, "text": error.message}
     plain = not request.headers.get("hx-request")
     if plain and outcome["ok"]:  # a plain form: show the task, and reloading it acts no more
-        return RedirectResponse(f"/ui/tasks/{operations.task_ref(task.id)}?did={action}", status_code=303)
+        response = RedirectResponse(f"/ui/tasks/{operations.task_ref(task.id)}", status_code=303)
+        set_flash(request, response, operations.task_ref(task.id))
+        return response
     context = await _task_context(request, session, task)
     name = "task.html" if plain else "_task_summary.html"
     return _page(request, session, name, outcome=outcome, **context)

@@ -201,14 +201,18 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE jsonb_typeof(p_error) WHEN 'string' THEN p_error #>> '{}' ELSE p_error::text END;
 
 -- One entry of a task's attempt history, with who held the lease (its
--- worker and the API key that claimed it): a write set aside later under
--- that fencing token is shown with them (batonq.set_aside_writes).
+-- worker and the API key that claimed it) and when it began: a write set
+-- aside later under that fencing token is shown with them
+-- (batonq.set_aside_writes), and the dashboard shows every attempt's worker,
+-- start and end ('at').
 CREATE FUNCTION batonq._attempt_error(p_attempt integer, p_fencing_token bigint, p_error jsonb,
-                                      p_worker text DEFAULT NULL, p_key_id bigint DEFAULT NULL)
+                                      p_worker text DEFAULT NULL, p_key_id bigint DEFAULT NULL,
+                                      p_started_at timestamptz DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE sql STABLE PARALLEL SAFE
 RETURN jsonb_build_object('attempt', p_attempt, 'fencing_token', p_fencing_token,
-                          'at', now(), 'error', p_error, 'worker', p_worker, 'key_id', p_key_id);
+                          'at', now(), 'error', p_error, 'worker', p_worker, 'key_id', p_key_id,
+                          'started_at', p_started_at);
 
 -- Exponential backoff with jitter: base * 2^(attempt-1), capped, then scaled
 -- by a random factor in [0.5, 1) so failed tasks do not retry in lockstep.

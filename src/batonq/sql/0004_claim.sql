@@ -27,7 +27,7 @@ BEGIN
         lease_expires_at = NULL,
         last_error = 'lease expired',
         errors = t.errors || batonq._attempt_error(t.attempts, t.fencing_token, '"lease expired"',
-                                                   t.worker, t.claim_key)
+                                                   t.worker, t.claim_key, t.claimed_at)
      WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.attempts < t.max_attempts;
     GET DIAGNOSTICS v_count = ROW_COUNT;
     IF v_count > 0 THEN
@@ -42,7 +42,7 @@ BEGIN
         SELECT (batonq._archive_row(d.t, 'dead', NULL, 'lease expired after max attempts',
                 (d.t).errors || batonq._attempt_error((d.t).attempts, (d.t).fencing_token,
                                                       '"lease expired after max attempts"',
-                                                      (d.t).worker, (d.t).claim_key))).*
+                                                      (d.t).worker, (d.t).claim_key, (d.t).claimed_at))).*
           FROM dead d
         RETURNING id, join_task_id
     )

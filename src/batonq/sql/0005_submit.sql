@@ -294,7 +294,7 @@ BEGIN
         RETURN batonq._refuse(v_ref, 'fail', p_error);
     END IF;
     v_entry := batonq._attempt_error(v_task.attempts, v_task.fencing_token, p_error,
-                                     v_task.worker, v_task.claim_key);
+                                     v_task.worker, v_task.claim_key, v_task.claimed_at);
     IF NOT p_requeue OR v_task.attempts >= v_task.max_attempts THEN
         v_state := 'dead';
         DELETE FROM batonq.tasks t WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id;

@@ -127,70 +127,62 @@ BEGIN ATOMIC
      ORDER BY a.id DESC LIMIT least(greatest(p_limit, 1), 1000);
 END;
 
--- The writes about a task that were refused and set aside in the submit
--- ledger: the lease (fencing token) they came under, what, when.
-CREATE FUNCTION batonq.late_writes(p_task_id bigint)
-RETURNS TABLE (fencing_token bigint, kind text, state_after text, body jsonb, at timestamptz)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan SET jit = off
-BEGIN ATOMIC
-    SELECT s.fencing_token, s.kind, s.state_after, s.body, s.at FROM batonq.submits s
-     WHERE s.task_id = p_task_id AND s.outcome = 'set_aside'
-     ORDER BY s.at, s.fencing_token;
-END;
-
 -- Per worker name, over the last p_since_s seconds, on the queues in
--- scope. A task records only its last holder's name, so each count goes to
--- the worker that held the task's newest lease: tasks done and dead,
--- failed attempts (lease expiries included) under that lease, refused late
--- writes under it; the median is of claim-to-finish times of done tasks.
--- Late writes under an older lease, whose holder is not recorded, are
--- counted under a NULL worker.
+-- scope, each attempt counted for the worker that made it: a failed attempt
+-- or lease expiry for the worker its attempt history entry names, a task
+-- done or dead for the worker that finished it, a refused late write for the
+-- worker that held the lease its fencing token names (as
+-- batonq.set_aside_writes reads it). The median is of claim-to-finish times
+-- of done tasks. A NULL worker collects what no worker name is recorded for
+-- (e.g. a write under a lease that was released).
 CREATE FUNCTION batonq.worker_scorecards(p_scopes text[], p_since_s double precision DEFAULT 86400)
 RETURNS TABLE (worker text, done bigint, failed bigint, dead bigint, late_writes bigint,
                median_s double precision, last_seen timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
-    WITH held AS (
-        SELECT t.id, t.worker, t.fencing_token, NULL::text AS state, t.errors,
-               NULL::double precision AS took_s, t.claimed_at AS seen
-          FROM batonq.tasks t
-         WHERE t.worker IS NOT NULL AND t.queue ~ ANY (p_scopes)
-           AND t.claimed_at >= now() - make_interval(secs => p_since_s)
-        UNION ALL
-        SELECT a.id, a.worker, a.fencing_token, a.state, a.errors,
-               extract(epoch FROM a.finished_at - a.claimed_at)::double precision, a.finished_at
+    WITH finished AS (
+        SELECT a.worker, a.state, a.claimed_at, a.finished_at, a.errors
           FROM batonq.archive a
-         WHERE a.worker IS NOT NULL AND a.queue ~ ANY (p_scopes)
+         WHERE a.queue ~ ANY (p_scopes)
            AND a.finished_at >= now() - make_interval(secs => p_since_s)
+    ), attempts AS (
+        -- An entry in the window belongs to a finished task only if the
+        -- task finished in the window too, so finished covers the archive.
+        SELECT e.entry ->> 'worker' AS worker, (e.entry ->> 'at')::timestamptz AS at
+          FROM (SELECT t.errors FROM batonq.tasks t
+                 WHERE t.queue ~ ANY (p_scopes) AND t.errors <> '[]'::jsonb
+                UNION ALL
+                SELECT f.errors FROM finished f) h,
+               jsonb_array_elements(h.errors) AS e(entry)
+         WHERE (e.entry ->> 'at')::timestamptz >= now() - make_interval(secs => p_since_s)
     ), late AS (
-        SELECT h.worker, count(*) AS n
-          FROM batonq.submits s
-          LEFT JOIN held h ON h.id = s.task_id AND h.fencing_token = s.fencing_token
-         WHERE s.outcome = 'set_aside' AND s.queue ~ ANY (p_scopes)
-           AND s.at >= now() - make_interval(secs => p_since_s)
-         GROUP BY h.worker
-    ), cards AS (
-        SELECT h.worker,
-               count(*) FILTER (WHERE h.state = 'done') AS done,
-               sum((SELECT count(*) FROM jsonb_array_elements(h.errors) e
-                     WHERE (e ->> 'fencing_token')::bigint = h.fencing_token)) AS failed,
-               count(*) FILTER (WHERE h.state = 'dead') AS dead,
-               percentile_cont(0.5) WITHIN GROUP (ORDER BY h.took_s)
-                   FILTER (WHERE h.state = 'done') AS median_s,
-               max(h.seen) AS last_seen
-          FROM held h GROUP BY h.worker
+        SELECT w.worker FROM batonq.set_aside_writes(ARRAY(
+            SELECT DISTINCT s.task_id FROM batonq.submits s
+             WHERE s.outcome = 'set_aside' AND s.queue ~ ANY (p_scopes)
+               AND s.at >= now() - make_interval(secs => p_since_s))) w
+         WHERE w.at >= now() - make_interval(secs => p_since_s)
     )
-    -- GROUP BY puts the unattributed late writes (NULL) in one row.
-    SELECT w.worker, sum(w.done)::bigint, sum(w.failed)::bigint, sum(w.dead)::bigint,
-           sum(w.late_writes)::bigint, max(w.median_s), max(w.last_seen)
-      FROM (SELECT c.worker, c.done, c.failed, c.dead, 0 AS late_writes, c.median_s, c.last_seen
-              FROM cards c
+    -- GROUP BY puts what no worker name is recorded for (NULL) in one row.
+    SELECT c.worker, sum(c.done)::bigint, sum(c.failed)::bigint, sum(c.dead)::bigint,
+           sum(c.late)::bigint,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY c.took_s) FILTER (WHERE c.done = 1),
+           max(c.seen)
+      FROM (SELECT f.worker, (f.state = 'done')::int AS done, 0 AS failed, (f.state = 'dead')::int AS dead,
+                   0 AS late, extract(epoch FROM f.finished_at - f.claimed_at)::double precision AS took_s,
+                   f.finished_at AS seen
+              FROM finished f WHERE f.state IN ('done', 'dead')
             UNION ALL
-            SELECT l.worker, 0, 0, 0, l.n, NULL, NULL FROM late l) w
-     GROUP BY w.worker
-     ORDER BY w.worker NULLS LAST;
+            SELECT a.worker, 0, 1, 0, 0, NULL, a.at FROM attempts a
+            UNION ALL
+            SELECT l.worker, 0, 0, 0, 1, NULL, NULL FROM late l
+            UNION ALL
+            -- leases held now, or ended unfinished without an entry (released)
+            SELECT t.worker, 0, 0, 0, 0, NULL, t.claimed_at FROM batonq.tasks t
+             WHERE t.worker IS NOT NULL AND t.queue ~ ANY (p_scopes)
+               AND t.claimed_at >= now() - make_interval(secs => p_since_s)) c
+     GROUP BY c.worker
+     ORDER BY c.worker NULLS LAST;
 END;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
@@ -201,7 +193,6 @@ GRANT EXECUTE ON FUNCTION
     batonq.throughput(text[], integer),
     batonq.find_tasks(text, text, text, text, integer, bigint),
     batonq.dead_tasks(text[], text, text, integer, bigint),
-    batonq.late_writes(bigint),
     batonq.worker_scorecards(text[], double precision)
 TO batonq_reader;
 
