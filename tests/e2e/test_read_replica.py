@@ -150,3 +150,28 @@ def test_the_setting_decides_where_listings_are_read(
             assert (task_id in listed(http)) is (how == "no setting")
     finally:
         server.stop()
+
+
+def test_a_replica_that_goes_down_fails_its_reads_only(
+    clusters: tuple[PrivateCluster, PrivateCluster], admin_key: str
+) -> None:
+    primary, standby = clusters
+    server = LiveServer(primary.dsn, "--read-url", standby.dsn)
+    try:
+        with server.http(admin_key) as http:
+            standby.stop()
+            try:
+                assert http.get("/v1/tasks", params={"queue": QUEUE}).status_code == 503
+                task_id = enqueue(http, QUEUE, "while the replica is down")
+                claim_one(http, QUEUE, lease_s=60)
+            finally:
+                standby.start()
+
+            def back() -> bool:
+                response = http.get("/v1/tasks", params={"queue": QUEUE})
+                shown = response.json()["tasks"] if response.status_code == 200 else []
+                return task_id in {t["task_id"] for t in shown}
+
+            wait_for(back, timeout=30, what="reads from the replica again")
+    finally:
+        server.stop()
