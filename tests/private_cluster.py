@@ -20,7 +20,7 @@ from typing import Any
 
 from tests.e2e.live import free_port
 
-__all__ = ["PrivateCluster", "private_cluster"]
+__all__ = ["PrivateCluster", "private_cluster", "private_standby"]
 
 
 class PrivateCluster:
@@ -84,5 +84,26 @@ def private_cluster() -> Iterator[PrivateCluster]:
             yield cluster
         finally:
             cluster.stop()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@contextmanager
+def private_standby(primary: PrivateCluster) -> Iterator[PrivateCluster]:
+    """A streaming replica of ``primary`` (``pg_basebackup -R``: its WAL
+    streamed from the primary, read-only) on another free port."""
+    top = Path(tempfile.mkdtemp(prefix="batonq-private-standby-"))
+    pgdata = top / "data"
+    try:
+        if primary.user:
+            shutil.chown(top, primary.user)
+        standby = PrivateCluster(pgdata, free_port(), primary.user)
+        standby._run("pg_basebackup", "-D", str(pgdata), "-R", "-X", "stream", "-c", "fast",
+                     "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres")  # fmt: skip
+        standby.start()
+        try:
+            yield standby
+        finally:
+            standby.stop()
     finally:
         shutil.rmtree(top, ignore_errors=True)

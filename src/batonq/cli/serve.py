@@ -65,6 +65,13 @@ _ENV_APP = "BATONQ_SERVE_APP"
     type=click.IntRange(1, 1000),
     help="Database connections per process (the pool's bound; LISTEN and the sweeper take one each more).",
 )
+@click.option(
+    "--read-url",
+    envvar="BATONQ_READ_URL",
+    default=None,
+    help="A streaming replica for listings, counts and the dashboard's pages (they may lag the primary); "
+    "writes, claims, waits and key checks stay on --dsn. Default: $BATONQ_READ_URL, else none.",
+)
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
 @click.pass_context
@@ -78,6 +85,7 @@ def serve(
     new_queues_per_key: int,
     workers: int,
     max_connections: int,
+    read_url: str | None,
     log_level: str,
 ) -> None:
     """Run the HTTP API (/v1) and the dashboard (/ui), with a sweeper, on the
@@ -86,6 +94,7 @@ def serve(
     On its first start (no API key yet) it prints an admin key, once.
     Run several against one database to scale out (or --workers N).
     Behind PgBouncer, set $BATONQ_LISTEN_URL to PostgreSQL itself.
+    With a streaming replica, --read-url takes the read-only pages off the primary.
 
     \b
     Example:
@@ -110,7 +119,7 @@ def serve(
     click.echo(f"Dashboard: http://{shown}:{port}/ui (sign in with an API key)", err=True)
     settings: dict[str, Any] = {"dsn": dsn, "max_body_bytes": max_body_bytes, "keepalive_s": keepalive_s,
                 "max_streams_per_key": max_streams_per_key, "new_queues_per_hour": new_queues_per_key,
-                "client_options": {"max_connections": max_connections}}  # fmt: skip
+                "client_options": {"max_connections": max_connections}, "read_dsn": read_url}  # fmt: skip
     if workers == 1:
         uvicorn.run(create_app(**settings), host=host, port=port, log_level=log_level)
         return

@@ -38,7 +38,7 @@ from batonq.rings import RINGS
 from batonq.service.problems import ApiError
 from batonq.service.reads import LINEAGE_LIMIT, visible_task
 from batonq.service.schemas import RunOut
-from batonq.service.state import client_of
+from batonq.service.state import client_of, reader_of
 
 __all__ = ["NotSignedIn", "router", "to_login"]
 
@@ -192,7 +192,7 @@ def _sparks(queues: Sequence[str], counts: Sequence[Throughput]) -> dict[str, li
 
 
 async def _queue_rows(request: Request, session: Session) -> dict[str, Any]:
-    client = client_of(request)
+    client = reader_of(request)
     search, after = _text(request.query_params.get("q")), _text(request.query_params.get("after"))
     scopes = session.principal.queues
     page, total = await asyncio.gather(
@@ -239,7 +239,7 @@ async def tasks_page(request: Request, session: Reader) -> Response:
             problem = f"This key may not see queue {queue!r}."
         else:
             try:
-                found = await client_of(request).find_tasks(
+                found = await reader_of(request).find_tasks(
                     queue, state=state, idempotency_key=key, worker=worker, limit=PAGE, before_id=before
                 )
             except errors.BatonqError as error:
@@ -375,7 +375,7 @@ async def dead_page(request: Request, session: Reader) -> Response:
     found: list[Task] = []
     problem = None
     try:
-        found = await client_of(request).dead_tasks(
+        found = await reader_of(request).dead_tasks(
             session.principal.queues, queue=queue, error=error, limit=PAGE, before_id=before
         )
     except errors.BatonqError as failure:
@@ -451,7 +451,7 @@ def backlog_level(stats: QueueStats | None) -> str:
 
 @router.get("/graph")
 async def graph_page(request: Request, session: Reader) -> Response:
-    client = client_of(request)
+    client = reader_of(request)
     edges = [e for e in await client.edges() if session.covers(e.from_queue) or session.covers(e.to_queue)]
     names = sorted({e.from_queue for e in edges} | {e.to_queue for e in edges})
     visible = [n for n in names if session.covers(n)]
@@ -469,5 +469,5 @@ async def workers_page(request: Request, session: Reader) -> Response:
     window = request.query_params.get("window", "24h")
     if window not in WINDOWS:
         window = "24h"
-    cards = await client_of(request).worker_scorecards(session.principal.queues, since_s=WINDOWS[window])
+    cards = await reader_of(request).worker_scorecards(session.principal.queues, since_s=WINDOWS[window])
     return _page(request, session, "workers.html", cards=cards, window=window, windows=list(WINDOWS))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -134,8 +134,10 @@ def create_app(
     new_queues_per_hour: int = DEFAULT_NEW_QUEUES_PER_HOUR,
     sweeper: bool = True,
     client_options: dict[str, Any] | None = None,
+    read_dsn: str | None = None,
 ) -> FastAPI:
-    """The batonq HTTP service on the database at ``dsn``."""
+    """The batonq HTTP service on the database at ``dsn``; with ``read_dsn``
+    (a streaming replica) its listings and counts are read there."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -143,8 +145,14 @@ def create_app(
         # connection, then answers 503: callers retry instead of hanging.
         options: dict[str, Any] = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 1.0}
         options.update(client_options or {})
-        async with await AsyncClient(dsn, **options).open() as client:
+        async with AsyncExitStack() as opened:
+            client = await opened.enter_async_context(await AsyncClient(dsn, **options).open())
             app.state.client = client
+            app.state.reader = client
+            if read_dsn is not None:
+                # Reads only: no LISTEN, no sweeper (a standby refuses both).
+                reader = AsyncClient(read_dsn, **{**options, "listen": False, "sweeper": False})
+                app.state.reader = await opened.enter_async_context(await reader.open())
             app.state.pending_counts = PendingCounts(client, reuse_s=keepalive_s)
             app.state.new_queues = NewQueues(client, new_queues_per_hour)
             yield

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 import batonq
-from batonq.service.state import client_of, metrics_of
+from batonq.service.state import client_of, metrics_of, reader_of
 
 router = APIRouter(tags=["service"])
 
@@ -111,5 +111,5 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    payload = await metrics_of(request).scrape(client_of(request))
+    payload = await metrics_of(request).scrape(reader_of(request), client_of(request).swept)
     return Response(payload, media_type="text/plain; version=0.0.4")

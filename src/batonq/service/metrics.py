@@ -62,12 +62,13 @@ class Metrics:
             self.refused.labels(queue).inc()
             raise
 
-    async def scrape(self, client: AsyncClient) -> bytes:
+    async def scrape(self, reader: AsyncClient, swept: int) -> bytes:
         """The exposition, rendered anew only when the last is
-        ``SCRAPE_EVERY_S`` old: scrapers at the same time share one render."""
+        ``SCRAPE_EVERY_S`` old: scrapers at the same time share one render.
+        The counts come from ``reader``; ``swept`` is this process's sweeper's."""
         async with self._scraping:
             if self._scraped is None or time.monotonic() - self._scraped[0] >= SCRAPE_EVERY_S:
-                self._scraped = (time.monotonic(), self.render(await client.queues(), client.swept))
+                self._scraped = (time.monotonic(), self.render(await reader.queues(), swept))
             return self._scraped[1]
 
     def render(self, stats: list[QueueStats], swept: int) -> bytes:

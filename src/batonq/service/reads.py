@@ -16,7 +16,7 @@ from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
 from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES
-from batonq.service.state import client_of
+from batonq.service.state import client_of, reader_of
 
 router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Observer = Annotated[Principal, Depends(require(OBSERVER))]
@@ -61,7 +61,7 @@ async def queues(
     shown: list[QueueStats] = []
     after = cursor
     while True:
-        stats = await client_of(request).queues(after=after, limit=limit, patterns=patterns)
+        stats = await reader_of(request).queues(after=after, limit=limit, patterns=patterns)
         shown += [q for q in stats if principal.covers(q.queue)][: limit - len(shown)]
         if len(stats) < limit or len(shown) == limit:
             break
@@ -93,7 +93,7 @@ async def tasks(
             before = operations.task_id(cursor)
         except InvalidArgument as error:
             raise InvalidArgument(f"cursor: {error.message}") from None
-    found = await client_of(request).tasks(queue, state=state or status, limit=limit, before_id=before)
+    found = await reader_of(request).tasks(queue, state=state or status, limit=limit, before_id=before)
     next_cursor = task_ref(found[-1].id) if len(found) == limit else None
     return s.TaskListOut(tasks=[s.TaskOut.of(t) for t in found], next_cursor=next_cursor)
 
@@ -107,8 +107,15 @@ async def task(request: Request, task_id: TaskId, principal: Observer) -> s.Task
     """`set_aside` lists the writes refused about this task (a late submit
     from an older lease, a forged token): kind, fencing token, when, and the
     worker and key that held that token's lease."""
-    client = client_of(request)
-    found = await visible_task(client, principal, task_id)
+    client = reader_of(request)
+    try:
+        found = await visible_task(client, principal, task_id)
+    except TaskNotFound:
+        if client is client_of(request):
+            raise
+        # A task enqueued a moment ago may not have reached the replica yet.
+        client = client_of(request)
+        found = await visible_task(client, principal, task_id)
     run = await client.run_status(found.root_id)
     lineage = await client.run_tasks(found.root_id)
     set_aside = await client.set_aside_writes([found.id])

@@ -1,4 +1,4 @@
-"""What a request finds on its app: the process's one client and metrics."""
+"""What a request finds on its app: the process's clients and metrics."""
 
 from __future__ import annotations
 
@@ -12,12 +12,20 @@ from batonq.service.metrics import Metrics
 if TYPE_CHECKING:
     from batonq.service.limits import NewQueues, OpenPerKey
 
-__all__ = ["client_of", "metrics_of", "new_queues", "open_per_key"]
+__all__ = ["client_of", "metrics_of", "new_queues", "open_per_key", "reader_of"]
 
 
 def client_of(request: Request) -> AsyncClient:
+    """The primary: every write, claim, wait and key check."""
     client: AsyncClient = request.app.state.client
     return client
+
+
+def reader_of(request: Request) -> AsyncClient:
+    """Where listings and counts are read: the replica at ``--read-url``,
+    else the primary. It may lag the primary."""
+    reader: AsyncClient = request.app.state.reader
+    return reader
 
 
 def metrics_of(request: Request) -> Metrics:
