@@ -120,12 +120,12 @@ def load_json(data: str | bytes) -> Any:
         return text
     except ValueError:  # an integer past int's digit limit
         value = json.loads(text, parse_int=Decimal)
-    if text.count("[") + text.count("{") > SERVED_DEPTH and _depth(value) > SERVED_DEPTH:
+    if text.count("[") + text.count("{") > SERVED_DEPTH and json_depth(value) > SERVED_DEPTH:
         return text
     return value
 
 
-def _depth(value: Any) -> int:
+def json_depth(value: Any) -> int:
     """How many arrays and objects nest in ``value``, without recursion."""
     deepest, stack = 0, [(value, 1)]
     while stack:

@@ -206,9 +206,8 @@ async def test_a_thousand_idle_long_polls_hold_a_handful_of_connections(
         assert (
             await http.post("/v1/enqueue", json={"queue": IDLE_Q, "payload": "make the queue"})
         ).status_code == 200
-        assert (
-            (await http.post("/v1/claim", json={"queue": IDLE_Q, "lease_s": 3600})).json()["task_id"] is not None
-        )
+        first = await http.post("/v1/claim", json={"queue": IDLE_Q, "lease_s": 3600})
+        assert first.json()["task_id"] is not None
 
         async def wait_for_one() -> list[dict[str, Any]]:
             answer = await http.post("/v1/claim", json={"queue": IDLE_Q, "wait_s": 45, "lease_s": 600})
@@ -264,7 +263,8 @@ def test_serve_workers_runs_that_many_processes_on_one_port(
         # One sweeper per process: one leads (sweep), the other stands by (try-lock).
         row = sql.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid() AND query ~ 'batonq.sweep|batonq.maintain|pg_try_advisory_lock|pg_stat_user_tables'"
+            " AND pid <> pg_backend_pid()"
+            " AND query ~ 'batonq.sweep|batonq.maintain|pg_try_advisory_lock|pg_stat_user_tables'"
         ).fetchone()
         return int(row[0]) if row else 0
 

@@ -18,6 +18,8 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
+from batonq.operations import json_depth
+
 __all__ = [
     "MAX_BODY_DEPTH",
     "MAX_LIST_ITEMS",
@@ -70,17 +72,6 @@ _CHECKED = json.JSONDecoder(
 )
 
 
-def _depth(value: Any) -> int:
-    """How many arrays and objects nest in ``value``, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in children)
-    return deepest
-
 
 def parse(body: bytes) -> Any:
     """The body's JSON value, or ``BodyNotJson`` saying what is wrong.
@@ -99,7 +90,7 @@ def parse(body: bytes) -> Any:
     except RecursionError:
         pass
     else:
-        if text.count("[") + text.count("{") <= MAX_BODY_DEPTH or _depth(value) <= MAX_BODY_DEPTH:
+        if text.count("[") + text.count("{") <= MAX_BODY_DEPTH or json_depth(value) <= MAX_BODY_DEPTH:
             return value
     raise BodyNotJson(f"it nests deeper than {MAX_BODY_DEPTH} levels")
 
