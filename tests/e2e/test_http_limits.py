@@ -117,7 +117,7 @@ def test_a_key_holds_a_bounded_number_of_streams_and_long_polls(serve: Serve) ->
             wait = {"queue": "limits:cap", "wait_s": 1}
             refused = wait_for(
                 lambda: (r := http.post("/v1/claim", json=wait)).status_code == 429 and r,
-                timeout=10, what="a fourth long-poll refused",
+                timeout=30, what="a fourth long-poll refused",
             )  # fmt: skip
             error = problem(refused, 429, "too_many_streams")
             assert "3 streams and long-poll claims open" in error["message"]

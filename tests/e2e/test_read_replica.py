@@ -112,7 +112,12 @@ def test_listings_come_from_the_replica_and_work_from_the_primary(
                 assert listed(observer) == before
             # The dashboard signs that key in too, and shows the queue; its task list is the replica's.
             with httpx.Client(base_url=server.url, timeout=30.0) as browser:
-                signed = browser.post("/ui/login", data={"key": made.json()["key"]}, follow_redirects=True)
+                form = browser.get("/ui/login")
+                token = re.search(r'name="csrf" value="([^"]+)"', form.text)
+                assert token, form.text
+                signed = browser.post(
+                    "/ui/login", data={"key": made.json()["key"], "csrf": token[1]}, follow_redirects=True
+                )
                 assert signed.status_code == 200, signed.text
                 assert str(signed.url).endswith("/ui")
                 assert QUEUE in signed.text

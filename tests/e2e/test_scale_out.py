@@ -184,7 +184,7 @@ def test_three_servers_behind_nginx_do_10000_tasks_once_through_a_sigkill(
 
 
 IDLE_CLIENTS = 1_000
-POOL = 4
+POOL = 10
 IDLE_Q = "scale:idle"
 
 
