@@ -15,9 +15,6 @@ __all__ = ["Sweeper"]
 
 log = logging.getLogger("batonq.sweeper")
 _LEADER_KEY = 0x6261_746F_6E71_01  # "batonq" + 1
-# batonq.run_retention's p_batch default: a report that removed this many
-# rows means more are due.
-_RETENTION_BATCH = 10_000
 
 # The hot partitions with at least %s dead row versions that this role may
 # vacuum (it owns them, or is a superuser): VACUUM cannot run in a function.
@@ -101,7 +98,7 @@ class Sweeper:
                     report = row[0] if row else {}
                     # Retention behind (a full batch removed): go on at the next
                     # tick, or a busy queue's finished tasks outgrow it.
-                    behind = _RETENTION_BATCH in (report.get("archived_deleted"), report.get("keys_deleted"))
+                    behind = bool(report.get("behind"))
                     next_maintain = time.monotonic() + (self.interval_s if behind else self.maintain_every_s)
                 if self.vacuum_dead > 0:
                     self._vacuum(conn)

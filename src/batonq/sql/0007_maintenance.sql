@@ -100,8 +100,9 @@ BEGIN
            AND NOT EXISTS (SELECT FROM batonq.archive a WHERE a.id = b2.parent_id)
          LIMIT p_batch));
 
+    -- behind: a full batch was removed, so more may be due now.
     RETURN jsonb_build_object('partitions_dropped', v_dropped, 'archived_deleted', v_rows,
-                              'keys_deleted', v_keys);
+                              'keys_deleted', v_keys, 'behind', v_rows = p_batch OR v_keys = p_batch);
 END $$;
 
 -- What the sweeper runs every minute or so.
