@@ -9,13 +9,25 @@ on every migrate, in the order of :data:`ENGINE`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
 
-__all__ = ["ENGINE", "EngineFile", "Migration", "engine", "migrate", "migrations", "pending", "script"]
+__all__ = [
+    "ENGINE",
+    "EngineFile",
+    "Migration",
+    "engine",
+    "engine_current",
+    "engine_sha256",
+    "migrate",
+    "migrations",
+    "pending",
+    "script",
+]
 
 # Any 64-bit number works as long as every batonq process agrees on it.
 _LOCK_KEY = 0x6261_746F_6E71  # "batonq"
@@ -65,6 +77,23 @@ def engine() -> list[EngineFile]:
     return [EngineFile(n, directory.joinpath(f"{n}.sql").read_text(encoding="utf-8")) for n in ENGINE]
 
 
+def engine_sha256() -> str:
+    """A hash of the engine's files, as batonq.engine records it."""
+    digest = hashlib.sha256()
+    for file in engine():
+        digest.update(file.sql.encode())
+    return digest.hexdigest()
+
+
+def _record_engine() -> str:
+    """The statement that records the engine just applied (a hex digest:
+    nothing to quote)."""
+    return (
+        "WITH gone AS (DELETE FROM batonq.engine)\n"
+        f"INSERT INTO batonq.engine (sha256) VALUES ('{engine_sha256()}');"
+    )
+
+
 def script() -> str:
     """Every migration and the engine as one transaction, for ``psql -f`` on a
     database without batonq. Each migration records itself in
@@ -72,13 +101,17 @@ def script() -> str:
     parts = ["-- batonq schema: every migration, then the engine, all or nothing.", "BEGIN;"]
     parts += [f"\n-- migrations/{m.version:04d}_{m.name}.sql\n{m.sql.rstrip()}" for m in migrations()]
     parts += [f"\n-- engine/{e.name}.sql\n{e.sql.rstrip()}" for e in engine()]
-    parts.append("\nCOMMIT;")
+    parts += ["\n-- the engine applied", _record_engine(), "\nCOMMIT;"]
     return "\n".join(parts) + "\n"
 
 
+def _exists(conn: psycopg.Connection, table: str) -> bool:
+    row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+    return bool(row and row[0])
+
+
 def _applied(conn: psycopg.Connection) -> set[int]:
-    row = conn.execute("SELECT to_regclass('batonq.migrations') IS NOT NULL").fetchone()
-    if not row or not row[0]:
+    if not _exists(conn, "batonq.migrations"):
         return set()
     return {v for (v,) in conn.execute("SELECT version FROM batonq.migrations")}
 
@@ -88,6 +121,15 @@ def pending(dsn: str) -> list[Migration]:
     with psycopg.connect(dsn) as conn:
         done = _applied(conn)
     return [m for m in migrations() if m.version not in done]
+
+
+def engine_current(dsn: str) -> bool:
+    """Whether the database's functions are this version of batonq's engine."""
+    with psycopg.connect(dsn) as conn:
+        if not _exists(conn, "batonq.engine"):
+            return False
+        row = conn.execute("SELECT sha256 FROM batonq.engine").fetchone()
+    return row is not None and row[0] == engine_sha256()
 
 
 def migrate(dsn: str) -> list[Migration]:
@@ -106,5 +148,6 @@ def migrate(dsn: str) -> list[Migration]:
             conn.execute(migration.sql.encode(), prepare=False)
         for file in engine():
             conn.execute(file.sql.encode(), prepare=False)
+        conn.execute(_record_engine().encode(), prepare=False)
         conn.commit()
     return todo

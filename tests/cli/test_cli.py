@@ -85,6 +85,13 @@ def test_migrate_check_print_sql_and_apply(empty_dsn: str, admin_dsn: str) -> No
     assert runner.invoke(main, ["--dsn", empty_dsn, "migrate", "--check"]).stdout == "up to date\n"
     assert runner.invoke(main, ["--dsn", empty_dsn, "migrate"]).stdout == "up to date\n"
 
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE batonq.engine SET sha256 = 'an older engine'")
+    stale = runner.invoke(main, ["--dsn", empty_dsn, "migrate", "--check"])
+    assert (stale.exit_code, stale.stdout) == (1, "engine out of date: run batonq migrate\n")
+    assert runner.invoke(main, ["--dsn", empty_dsn, "migrate"]).stdout == "applied the engine\n"
+    assert runner.invoke(main, ["--dsn", empty_dsn, "migrate", "--check"]).exit_code == 0
+
 
 def test_migrate_applies_pending(empty_dsn: str) -> None:
     result = CliRunner().invoke(main, ["migrate"], env={"BATONQ_DATABASE_URL": empty_dsn})

@@ -18,7 +18,7 @@ from tests.conftest import with_db
 
 import batonq
 from batonq import models
-from batonq.migrate import ENGINE, Migration, migrations, pending, script
+from batonq.migrate import ENGINE, Migration, engine_current, migrations, pending, script
 
 SQL_DIR = Path(models.__file__).resolve().parent / "sql"
 PSQL = "/usr/bin/psql"
@@ -156,8 +156,25 @@ def test_psql_files_match_migrate(empty_db: Callable[[], str], tmp_path: Path) -
     assert len(reference["functions"]) > 20
     assert snapshot(by_files) == reference
     assert snapshot(by_script) == reference
+    assert engine_current(by_script) and engine_current(by_migrate)
     assert batonq.migrate(by_script) == [], "migrate sees a psql-applied schema as current"
     assert snapshot(by_script) == reference
+
+
+def test_migrate_replaces_an_engine_older_than_the_package(empty_db: Callable[[], str]) -> None:
+    """An engine function changed in place (a new batonq, no new migration):
+    --check's engine_current sees it, and migrate puts the package's back."""
+    dsn = empty_db()
+    batonq.migrate(dsn)
+    reference = snapshot(dsn)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE OR REPLACE FUNCTION batonq.sweep() RETURNS integer LANGUAGE sql RETURN 0")
+        conn.execute("UPDATE batonq.engine SET sha256 = 'an older engine'")
+    assert snapshot(dsn) != reference
+    assert pending(dsn) == [] and not engine_current(dsn)
+    assert batonq.migrate(dsn) == []
+    assert engine_current(dsn)
+    assert snapshot(dsn) == reference
 
 
 COMPOSITES = [

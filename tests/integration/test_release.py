@@ -75,7 +75,8 @@ def test_the_wheel_installs_and_runs_the_readme_quickstart(server_dsn: str, tmp_
 
     with scratch_database(server_dsn, "batonq_r") as dsn:
         env["BATONQ_DATABASE_URL"] = dsn
-        assert _run(bin_ / "batonq", "migrate", cwd=work, env=env) == "applied 0001_schema\n"
+        migrated = _run(bin_ / "batonq", "migrate", cwd=work, env=env)
+        assert migrated == "applied 0001_schema\napplied the engine\n"
         # The README's quickstart, as it says.
         _run(bin_ / "python", "worker_quickstart.py", cwd=work, env=env)
         _run(bin_ / "batonq", "worker", "worker_quickstart:app", "--burst", cwd=work, env=env)

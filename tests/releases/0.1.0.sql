@@ -21,6 +21,14 @@ CREATE TABLE batonq.migrations (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- Which engine (sql/engine) the database has: a hash of its files, written by
+-- every migrate in the same transaction, so that batonq migrate --check sees
+-- functions older than the installed batonq's. One row.
+CREATE TABLE batonq.engine (
+    sha256      text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE FUNCTION batonq._valid_queue_name(p_name text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN p_name ~ '^[a-z0-9][a-z0-9_.:-]{0,127}$';
@@ -2591,5 +2599,9 @@ GRANT EXECUTE ON FUNCTION
     batonq.dead_tasks(text[], text, text, integer, bigint),
     batonq.worker_scorecards(text[], double precision)
 TO batonq_reader;
+
+-- the engine applied
+WITH gone AS (DELETE FROM batonq.engine)
+INSERT INTO batonq.engine (sha256) VALUES ('bd2927ffad924e9e6c1f9a0b2559dc9c8580fd7df34eeba6a5064b2ed2255e76');
 
 COMMIT;

@@ -5,14 +5,16 @@ from __future__ import annotations
 import click
 
 from batonq.cli.common import EXIT_ERROR, resolved_dsn
-from batonq.migrate import Migration, pending, script
+from batonq.migrate import Migration, engine_current, pending, script
 from batonq.migrate import migrate as apply_migrations
 
 __all__ = ["migrate"]
 
 
 @click.command()
-@click.option("--check", is_flag=True, help="Apply nothing; exit 1 if migrations are pending.")
+@click.option(
+    "--check", is_flag=True, help="Apply nothing; exit 1 if migrations are pending or the engine is older."
+)
 @click.option(
     "--print-sql",
     is_flag=True,
@@ -37,13 +39,19 @@ def migrate(ctx: click.Context, check: bool, print_sql: bool) -> None:
         if todo:
             click.echo(f"{len(todo)} pending: " + ", ".join(_name(m) for m in todo))
             ctx.exit(EXIT_ERROR)
+        if not engine_current(dsn):
+            click.echo("engine out of date: run batonq migrate")
+            ctx.exit(EXIT_ERROR)
         click.echo("up to date")
         return
+    was_current = engine_current(dsn)
     applied = apply_migrations(dsn)
-    if not applied:
-        click.echo("up to date")
     for migration in applied:
         click.echo(f"applied {_name(migration)}")
+    if not was_current:
+        click.echo("applied the engine")
+    elif not applied:
+        click.echo("up to date")
 
 
 def _name(migration: Migration) -> str:

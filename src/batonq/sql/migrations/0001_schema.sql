@@ -17,6 +17,14 @@ CREATE TABLE batonq.migrations (
     applied_at  timestamptz NOT NULL DEFAULT now()
 );
 
+-- Which engine (sql/engine) the database has: a hash of its files, written by
+-- every migrate in the same transaction, so that batonq migrate --check sees
+-- functions older than the installed batonq's. One row.
+CREATE TABLE batonq.engine (
+    sha256      text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
 CREATE FUNCTION batonq._valid_queue_name(p_name text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN p_name ~ '^[a-z0-9][a-z0-9_.:-]{0,127}$';
