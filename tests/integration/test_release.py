@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     ).strip()
     Path(purelib, "dev_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     return venv
+
+
+def test_the_sdist_carries_the_sql(tmp_path: Path) -> None:
+    _run(sys.executable, "-m", "build", "--no-isolation", "--sdist", "--outdir", tmp_path, ROOT, cwd=ROOT)
+    [sdist] = tmp_path.glob("batonq-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        shipped = {Path(*Path(name).parts[1:]) for name in archive.getnames()}
+    sql = {p.relative_to(ROOT) for p in (ROOT / "src" / "batonq" / "sql").rglob("*.sql")}
+    assert sql and sql <= shipped
+    assert {Path("pyproject.toml"), Path("README.md"), Path("CHANGELOG.md")} <= shipped
 
 
 def test_the_wheel_installs_and_runs_the_readme_quickstart(server_dsn: str, tmp_path: Path) -> None:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "architecture.md"
-# Where a path on the page may be written from: the repository, the package,
-# the SQL directory, the tests.
+# Where a path on the page may be written from: the repository, src, the
+# package, the SQL directory, the tests.
 BASES = [
     ROOT,
+    ROOT / "src",
     ROOT / "src" / "batonq",
     ROOT / "src" / "batonq" / "sql",
     ROOT / "tests",
