@@ -1,5 +1,6 @@
 """What a handler's exception becomes: the error body of ``fail`` (its
-traceback text, cut to fit the queue's size limit) and how to retry."""
+message, then its traceback, cut to fit the queue's size limit) and how to
+retry."""
 
 from __future__ import annotations
 
@@ -62,11 +63,20 @@ def fit_text(text: str, limit_bytes: int) -> str:
     return ""
 
 
+def message_of(error: BaseException) -> str:
+    """The exception's one-line message, e.g. ``PermanentError: not an address: nobody``."""
+    name = type(error).__name__
+    text = " ".join(str(error).split())
+    return f"{name}: {text}" if text else name
+
+
 def failure_of(error: BaseException, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> Failure:
     """``Retry``: retry after its delay, with its message as the error.
     ``PermanentError``: dead now. Anything else: the queue's backoff. Both
-    of those keep the traceback text as the attempt's error."""
+    of those keep the message, then a blank line and the traceback, as the
+    attempt's error: a task's last error reads first what went wrong."""
     if isinstance(error, Retry):
         return Failure(fit_text(f"Retry: {error.message}", limit_bytes), retry_delay_s=error.delay_s)
-    text = "".join(traceback.format_exception(error)).rstrip("\n")
+    trace = "".join(traceback.format_exception(error)).rstrip("\n")
+    text = f"{message_of(error)}\n\n{trace}"
     return Failure(fit_text(text, limit_bytes), requeue=not isinstance(error, PermanentError))
