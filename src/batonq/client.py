@@ -24,9 +24,11 @@ from psycopg_pool import AsyncConnectionPool
 from batonq import operations
 from batonq.embedded import resolve_dsn
 from batonq.errors import from_database_error
+from batonq.json_values import load_json
 from batonq.listener import AsyncListener, AsyncNoListener, AsyncWake
 from batonq.models import (
     JSON,
+    MISSING,
     ApiKey,
     Edge,
     Enqueued,
@@ -42,7 +44,7 @@ from batonq.models import (
     Task,
     Throughput,
 )
-from batonq.operations import MISSING, Call
+from batonq.operations import Call
 from batonq.sweeper import Sweeper
 
 __all__ = ["ENV_LISTEN_DSN", "AsyncClient", "connect_async"]
@@ -61,10 +63,10 @@ _AWAIT_MAX_S = 3600.0
 _AWAIT_MARGIN_S = 1.0
 
 
-# JSON read back through batonq.operations.load_json: a stored row never
+# JSON read back through batonq.json_values.load_json: a stored row never
 # fails to load.
 _ADAPTERS = AdaptersMap(psycopg.adapters)
-set_json_loads(operations.load_json, _ADAPTERS)
+set_json_loads(load_json, _ADAPTERS)
 
 
 def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:

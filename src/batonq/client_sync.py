@@ -22,9 +22,11 @@ from psycopg_pool import ConnectionPool
 from batonq import operations
 from batonq.embedded import resolve_dsn
 from batonq.errors import from_database_error
+from batonq.json_values import load_json
 from batonq.listener import Listener, NoListener, Wake
 from batonq.models import (
     JSON,
+    MISSING,
     ApiKey,
     Edge,
     Enqueued,
@@ -40,7 +42,7 @@ from batonq.models import (
     Task,
     Throughput,
 )
-from batonq.operations import MISSING, Call
+from batonq.operations import Call
 from batonq.sweeper import Sweeper
 
 __all__ = ["ENV_LISTEN_DSN", "Client", "connect"]
@@ -59,10 +61,10 @@ _AWAIT_MAX_S = 3600.0
 _AWAIT_MARGIN_S = 1.0
 
 
-# JSON read back through batonq.operations.load_json: a stored row never
+# JSON read back through batonq.json_values.load_json: a stored row never
 # fails to load.
 _ADAPTERS = AdaptersMap(psycopg.adapters)
-set_json_loads(operations.load_json, _ADAPTERS)
+set_json_loads(load_json, _ADAPTERS)
 
 
 def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 import batonq
+from batonq.json_values import json_size
 from batonq.worker import load
-from batonq.worker.failure import failure_of, fit_text, json_size
+from batonq.worker.failure import failure_of, fit_text
 from batonq.worker.logs import JsonFormatter
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from batonq.operations import task_ref
+from batonq.models import task_ref
 
 __all__ = [
     "age_since",

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from batonq import errors, operations
+from batonq import errors
 from batonq.dashboard import layout
 from batonq.dashboard.session import (
     FLASH_COOKIE,
@@ -33,7 +33,7 @@ from batonq.dashboard.session import (
     sign_out,
     take_flash,
 )
-from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput
+from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput, task_ref
 from batonq.rings import RINGS
 from batonq.service.problems import ApiError
 from batonq.service.reads import LINEAGE_LIMIT, visible_task
@@ -88,7 +88,7 @@ def _pretty(value: Any) -> str:
 
 
 templates.env.filters.update(
-    age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=operations.task_ref
+    age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=task_ref
 )
 templates.env.globals.update(RINGS=RINGS, STATES=TASK_STATES, ALLOWED=ALLOWED)
 
@@ -248,7 +248,7 @@ async def tasks_page(request: Request, session: Reader) -> Response:
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
         tasks=found, problem=problem, now=datetime.now(UTC),
-        next_before=operations.task_ref(found[-1].id) if len(found) == PAGE else None,
+        next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
     )  # fmt: skip
 
 
@@ -310,7 +310,7 @@ async def task_page(request: Request, task_id: str, session: Reader) -> Response
     task = await _visible(request, session, task_id)
     if isinstance(task, Response):
         return task
-    ref = operations.task_ref(task.id)
+    ref = task_ref(task.id)
     outcome = None
     if request.cookies.get(FLASH_COOKIE) == ref:  # back from a plain form's action
         outcome = {"ok": True, "text": f"{ref} is {task.state} now."}
@@ -351,14 +351,14 @@ async def act(request: Request, task_id: str, action: str) -> Response:
     }
     try:
         task = await operation[action](task.id)
-        outcome = {"ok": True, "text": f"{operations.task_ref(task.id)} is {task.state} now."}
+        outcome = {"ok": True, "text": f"{task_ref(task.id)} is {task.state} now."}
     except errors.BatonqError as error:
         task = await client.task(task.id)
         outcome = {"ok": False, "text": error.message}
     plain = not request.headers.get("hx-request")
     if plain and outcome["ok"]:  # a plain form: show the task, and reloading it acts no more
-        response = RedirectResponse(f"/ui/tasks/{operations.task_ref(task.id)}", status_code=303)
-        set_flash(request, response, operations.task_ref(task.id))
+        response = RedirectResponse(f"/ui/tasks/{task_ref(task.id)}", status_code=303)
+        set_flash(request, response, task_ref(task.id))
         return response
     context = await _task_context(request, session, task)
     name = "task.html" if plain else "_task_summary.html"
@@ -383,7 +383,7 @@ async def dead_page(request: Request, session: Reader) -> Response:
     found = [t for t in found if session.covers(t.queue)]
     return _page(
         request, session, "dead.html", queue=queue or "", error=error or "", tasks=found, problem=problem,
-        next_before=operations.task_ref(found[-1].id) if len(found) == PAGE else None,
+        next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
         bulk_limit=BULK_LIMIT, outcome=None,
     )  # fmt: skip
 
@@ -409,7 +409,7 @@ async def retry_dead(request: Request) -> Response:
             await client.retry(task.id)
             retried += 1
         except errors.BatonqError as failure:  # retried or removed since it was listed
-            refusals.append(f"{operations.task_ref(task.id)}: {failure.message}")
+            refusals.append(f"{task_ref(task.id)}: {failure.message}")
     text = f"Retried {retried} dead task{'s' if retried != 1 else ''}; they are pending now."
     if refusals:
         text += f" {len(refusals)} could not be retried ({refusals[0]})."

@@ -25,8 +25,7 @@ from pydantic import AliasChoices, BaseModel, Field
 from batonq import errors
 from batonq.mcp.access import Access, access_of
 from batonq.mcp.tasks import speaks_tasks
-from batonq.models import FINISHED_STATES, Enqueued, Lease, Submitted
-from batonq.operations import task_ref
+from batonq.models import FINISHED_STATES, Enqueued, Lease, Submitted, task_ref
 from batonq.service.reads import visible_task
 from batonq.service.schemas import EnqueueOut, QueueStatsOut, SetAsideOut, State, TaskOut, tid
 

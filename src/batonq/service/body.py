@@ -18,7 +18,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from batonq.operations import json_depth
+from batonq.json_values import json_depth
 
 __all__ = [
     "MAX_BODY_DEPTH",

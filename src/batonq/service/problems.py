@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from batonq import errors
-from batonq.operations import task_ref
+from batonq.models import task_ref
 from batonq.service.body import BodyNotJson, TooManyItems
 from batonq.service.schemas import ErrorOut
 

@@ -6,11 +6,10 @@ from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
-from batonq import operations
+from batonq import models
 from batonq.client import AsyncClient
 from batonq.errors import InvalidArgument, TaskNotFound
-from batonq.models import QueueStats, Task
-from batonq.operations import task_ref
+from batonq.models import QueueStats, Task, task_ref
 from batonq.rings import OBSERVER, scope_regex
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
@@ -34,7 +33,7 @@ class Scoped(Protocol):
 async def visible_task(client: AsyncClient, principal: Scoped, task_id: int | str) -> Task:
     """The task, if the key covers its queue; otherwise it does not exist:
     the same 404, word for word, as for an id nobody has."""
-    ref = operations.task_id(task_id)
+    ref = models.task_id(task_id)
     try:
         task = await client.task(ref)
     except TaskNotFound:
@@ -90,7 +89,7 @@ async def tasks(
     before = None
     if cursor is not None:
         try:
-            before = operations.task_id(cursor)
+            before = models.task_id(cursor)
         except InvalidArgument as error:
             raise InvalidArgument(f"cursor: {error.message}") from None
     found = await reader_of(request).tasks(queue, state=state or status, limit=limit, before_id=before)

@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from batonq import models
-from batonq.operations import task_ref
+from batonq.models import task_ref
 
 
 def _integral(value: Any) -> Any:

@@ -9,9 +9,9 @@ from typing import Annotated
 from annotated_types import Len
 from fastapi import APIRouter, Depends, Header, Request
 
-from batonq import operations
+from batonq import models
 from batonq.errors import TaskNotFound
-from batonq.operations import task_ref
+from batonq.models import task_ref
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
@@ -52,7 +52,7 @@ async def lease_tokens(request: Request, principal: Principal, bodies: Sequence[
             continue
         token = next(found)
         if not principal.covers(queue_of(token)):
-            ref = operations.task_id(token.split("/")[1])
+            ref = models.task_id(token.split("/")[1])
             raise TaskNotFound(f"task t_{ref} not found", task_id=ref)
         tokens.append(token)
     return tokens

@@ -17,11 +17,11 @@ import psycopg
 
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost, PayloadTooLarge
-from batonq.models import JSON, Lease, Submitted
-from batonq.operations import JsonText, task_ref
+from batonq.json_values import JsonText, json_text
+from batonq.models import JSON, Lease, Submitted, task_ref
 from batonq.worker.app import TaskSpec
 from batonq.worker.batching import Completions
-from batonq.worker.failure import DEFAULT_LIMIT_BYTES, Failure, failure_of, fit_text, json_text
+from batonq.worker.failure import DEFAULT_LIMIT_BYTES, FailArguments, failure_of, fit_text
 from batonq.worker.job import AsyncJob, BaseJob, Job
 from batonq.worker.middleware import Middleware, Outcome, run_after, run_before
 
@@ -240,14 +240,14 @@ class Execution:
             text = JsonText(json_text(result))
         except (TypeError, ValueError) as error:
             bad = ValueError(f"the handler's result is not JSON: {error}")
-            return await self._fail(bad, Failure(str(bad), requeue=False))
+            return await self._fail(bad, FailArguments(str(bad), requeue=False))
         try:
             await self._send(lambda: self._completions.complete(token, text))
         except (PayloadTooLarge, psycopg.DataError) as error:
-            return await self._fail(error, Failure(f"result refused: {error}", requeue=False))
+            return await self._fail(error, FailArguments(f"result refused: {error}", requeue=False))
         return Outcome("done", result=result, duration_s=self.duration_s)
 
-    async def _fail(self, error: BaseException, failure: Failure) -> Outcome:
+    async def _fail(self, error: BaseException, failure: FailArguments) -> Outcome:
         token = self.job.lease_token
 
         def send(text: str) -> Awaitable[Submitted]:
