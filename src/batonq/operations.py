@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from batonq.errors import InvalidArgument
 from batonq.json_values import JsonText
+from batonq.limits import MAX_WAIT_S
 from batonq.models import (
     JSON,
     MISSING,
@@ -38,8 +39,6 @@ from batonq.rings import scope_regex
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
-
-MAX_WAIT_S = 55.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from batonq.cli.output import (
     tid,
     truncate,
 )
+from batonq.limits import MAX_PAGE
 from batonq.models import JSON, TASK_STATES, SetAsideWrite, Task
 
 __all__ = ["cancel", "hold", "release", "retry", "task", "tasks"]
@@ -29,7 +30,7 @@ __all__ = ["cancel", "hold", "release", "retry", "task", "tasks"]
 @click.argument("queue")
 @click.option("--state", type=click.Choice(TASK_STATES), help="Only tasks in this state.")
 @click.option(
-    "--limit", type=int, default=50, metavar="N", show_default=True, help="At most this many (1-1000)."
+    "--limit", type=int, default=50, metavar="N", show_default=True, help=f"At most this many (1-{MAX_PAGE})."
 )
 @json_option
 @click.pass_context

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
 
+from batonq.limits import QUEUE_NAME_PATTERN
 from batonq.rings import ADMIN, OPERATOR
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
@@ -18,7 +19,7 @@ router = APIRouter(prefix="/v1", tags=["operate"], responses=ERROR_RESPONSES, ro
 Operator = Annotated[Principal, Depends(require(OPERATOR))]
 Admin = Annotated[Principal, Depends(require(ADMIN))]
 KeyId = Annotated[int, Path(ge=1, le=s.MAX_ID)]
-QueuePath = Annotated[str, Path(pattern=s.QUEUE_PATTERN, examples=["shop:tasks"])]
+QueuePath = Annotated[str, Path(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])]
 
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from batonq import models
 from batonq.client import AsyncClient
 from batonq.errors import InvalidArgument, TaskNotFound
+from batonq.limits import MAX_PAGE, QUEUE_NAME_PATTERN
 from batonq.models import QueueStats, Task, task_ref
 from batonq.rings import OBSERVER, scope_regex
 from batonq.service import schemas as s
@@ -20,7 +21,7 @@ from batonq.service.state import client_of, reader_of
 router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Observer = Annotated[Principal, Depends(require(OBSERVER))]
 LINEAGE_LIMIT = 200
-QUEUES_PAGE = 1000
+QUEUES_PAGE = MAX_PAGE
 """The most queues /v1/queues answers with at once."""
 TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 
@@ -51,7 +52,7 @@ async def queues(
     principal: Observer,
     limit: Annotated[int, Query(ge=1, le=QUEUES_PAGE)] = QUEUES_PAGE,
     cursor: Annotated[
-        str | None, Query(pattern=s.QUEUE_PATTERN, description="next_cursor of the previous page")
+        str | None, Query(pattern=QUEUE_NAME_PATTERN, description="next_cursor of the previous page")
     ] = None,
 ) -> s.QueuesOut:
     """The key's queues by name, a page at a time: only the page's queues
@@ -75,10 +76,10 @@ async def queues(
 async def tasks(
     request: Request,
     principal: Observer,
-    queue: Annotated[str, Query(pattern=s.QUEUE_PATTERN)],
+    queue: Annotated[str, Query(pattern=QUEUE_NAME_PATTERN)],
     state: s.State | None = None,
     status: Annotated[s.State | None, Query(description="the same as state")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
     cursor: Annotated[
         str | None, Query(pattern=s.TASK_ID_PATTERN, description="next_cursor of the previous page")
     ] = None,

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from batonq.client import AsyncClient
+from batonq.limits import MAX_LEASE_S, MIN_LEASE_S, QUEUE_NAME_PATTERN
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
@@ -108,10 +109,10 @@ def _resumed_after(last_event_id: str | None) -> int:
 async def stream(
     request: Request,
     principal: Annotated[Principal, Depends(require(WORKER))],
-    queue: Annotated[str, Query(pattern=s.QUEUE_PATTERN)],
+    queue: Annotated[str, Query(pattern=QUEUE_NAME_PATTERN)],
     claim: bool = False,
     credit: Annotated[int, Query(ge=1, le=100, description="with claim: unfinished tasks at most")] = 1,
-    lease_s: Annotated[int | None, Query(ge=1, le=3600)] = None,
+    lease_s: Annotated[int | None, Query(ge=MIN_LEASE_S, le=MAX_LEASE_S)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
     """Without `claim`: an `available` event (`{"queue","pending"}`) whenever the

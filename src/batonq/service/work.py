@@ -11,19 +11,18 @@ from fastapi import APIRouter, Depends, Header, Request
 
 from batonq import models
 from batonq.errors import TaskNotFound
+from batonq.limits import MAX_LIST_ITEMS, MAX_QUEUES_PER_LIST
 from batonq.models import task_ref
 from batonq.rings import WORKER
 from batonq.service import schemas as s
 from batonq.service.auth import Principal, require
-from batonq.service.body import MAX_LIST_ITEMS, JsonRoute
+from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.reads import visible_task
 from batonq.service.state import client_of, metrics_of, new_queues, open_per_key
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Worker = Annotated[Principal, Depends(require(WORKER))]
-MAX_QUEUES_PER_ENQUEUE = 100
-"""The most queues one list enqueue may name (each new one is created)."""
 
 
 
@@ -85,8 +84,8 @@ async def enqueue(
     for parent_ref in {item.parent for item in items if item.parent is not None}:
         await visible_task(client, principal, parent_ref)
     queues = len({item.queue for item in items})
-    if queues > MAX_QUEUES_PER_ENQUEUE:
-        message = f"a list that names {queues} queues: send at most {MAX_QUEUES_PER_ENQUEUE} per request"
+    if queues > MAX_QUEUES_PER_LIST:
+        message = f"a list that names {queues} queues: send at most {MAX_QUEUES_PER_LIST} per request"
         raise ApiError(413, "too_many_queues", message)
     await new_queues(request).check(principal, {item.queue for item in items})
     if not isinstance(body, list):

@@ -18,10 +18,11 @@ import psycopg
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost, PayloadTooLarge
 from batonq.json_values import JsonText, json_text
+from batonq.limits import MAX_BODY_BYTES
 from batonq.models import JSON, Lease, Submitted, task_ref
 from batonq.worker.app import TaskSpec
 from batonq.worker.batching import Completions
-from batonq.worker.failure import DEFAULT_LIMIT_BYTES, FailArguments, failure_of, fit_text
+from batonq.worker.failure import FailArguments, failure_of, fit_text
 from batonq.worker.job import AsyncJob, BaseJob, Job
 from batonq.worker.middleware import Middleware, Outcome, run_after, run_before
 
@@ -257,7 +258,7 @@ class Execution:
         try:
             reply = await self._send(lambda: send(failure.error))
         except PayloadTooLarge as too_large:  # the queue's limit is below the default
-            limit = int(too_large.detail.get("limit", DEFAULT_LIMIT_BYTES // 2))
+            limit = int(too_large.detail.get("limit", MAX_BODY_BYTES // 2))
             reply = await self._send(lambda: send(fit_text(failure.error, limit)))
         return Outcome("dead" if reply.state == "dead" else "retry", error=error, duration_s=self.duration_s)
 

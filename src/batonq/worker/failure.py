@@ -9,11 +9,9 @@ from dataclasses import dataclass
 
 from batonq.errors import PermanentError, Retry
 from batonq.json_values import json_size
+from batonq.limits import MAX_BODY_BYTES
 
-__all__ = ["DEFAULT_LIMIT_BYTES", "FailArguments", "failure_of", "fit_text", "message_of"]
-
-DEFAULT_LIMIT_BYTES = 131072
-"""A queue's default ``max_body_bytes``: payload, result and error each."""
+__all__ = ["FailArguments", "failure_of", "fit_text", "message_of"]
 
 _HEAD_CHARS = 2000
 
@@ -53,7 +51,7 @@ def message_of(error: BaseException) -> str:
     return f"{name}: {text}" if text else name
 
 
-def failure_of(error: BaseException, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> FailArguments:
+def failure_of(error: BaseException, limit_bytes: int = MAX_BODY_BYTES) -> FailArguments:
     """``Retry``: retry after its delay, with its message as the error.
     ``PermanentError``: dead now. Anything else: the queue's backoff. Both
     of those keep the message, then a blank line and the traceback, as the
