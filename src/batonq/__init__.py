@@ -44,9 +44,10 @@ from batonq.models import (
     Task,
 )
 from batonq.sweeper import Sweeper
+from batonq.version import VERSION
 from batonq.worker import App, AsyncJob, BaseJob, Job, Middleware, Outcome, Worker
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 __all__ = [
     "App",

@@ -12,8 +12,7 @@ from typing import Any, Literal
 
 import psycopg
 
-from batonq import models
-from batonq.service import schemas
+from batonq import models, schemas
 
 # PostgreSQL's types as the clients read them.
 PYTHON_TYPES: dict[str, Any] = {
