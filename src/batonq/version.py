@@ -1,4 +1,5 @@
-"""batonq's version: the installed package's, which pyproject.toml sets."""
+"""batonq's version: pyproject.toml holds it; the installed package's metadata
+carries it."""
 
 from importlib.metadata import version
 
