@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Core throughput of batonq against a hand-written raw psycopg loop.
 
-The command line, for this repository, of the engine in ``batonq.bench``
-(src/batonq/bench/: what is measured and how, in its docstring; the same
+The command line, for this repository, of the engine in ``batonq.benchmark``
+(src/batonq/benchmark/: what is measured and how, in its docstring; the same
 engine runs behind ``batonq bench``). On a scratch database it creates
 (``batonq_bench_<pid>``) and drops again, every scenario -- enqueue one by one
 and in batches; claim + complete at batch 1, 10 and 100 with 1, 2 and 4
@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from batonq.bench import SCENARIOS, Scenario, format_table, run_benchmark, write_report
+from batonq.benchmark import SCENARIOS, Scenario, format_table, run_benchmark, write_report
 
 __all__ = [
     "DEFAULT_DSN",

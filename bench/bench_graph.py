@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Queue-graph throughput end to end: a 3-step pipeline against 3N independent tasks.
 
-On a scratch database it creates (``batonq_bench_<pid>``, batonq.bench's
+On a scratch database it creates (``batonq_bench_<pid>``, batonq.benchmark's
 ``scratch_database``; dropped afterwards unless ``--keep``), each run measures
 two systems, one after the other (their order alternates run by run):
 
@@ -72,7 +72,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 import batonq
-from batonq.bench import batonq_source, git_commit, machine_info, postgres_info, scratch_database
+from batonq.benchmark import batonq_source, git_commit, machine_info, postgres_info, scratch_database
 
 BENCH_DIR = Path(__file__).resolve().parent
 HANDLERS_DIR = BENCH_DIR / "handlers"

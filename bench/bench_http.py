@@ -53,7 +53,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import batonq
-from batonq.bench import drive  # bench_core.py's thread driver, so figures compare
+from batonq.benchmark import drive  # bench_core.py's thread driver, so figures compare
 
 DEFAULT_DSN = os.environ.get("BATONQ_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import batonq
-from batonq.bench.environment import machine_info, scratch_database
+from batonq.benchmark.environment import machine_info, scratch_database
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_DSN = os.environ.get("BATONQ_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

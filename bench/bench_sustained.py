@@ -54,8 +54,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 import batonq
-from batonq.bench.environment import git_commit, machine_info, with_db
-from batonq.bench.targets import BASE_CLAIM, BASE_DONE_MANY, BASE_INSERT_MANY, BASELINE_SCHEMA, RESULT
+from batonq.benchmark.environment import git_commit, machine_info, with_db
+from batonq.benchmark.targets import BASE_CLAIM, BASE_DONE_MANY, BASE_INSERT_MANY, BASELINE_SCHEMA, RESULT
 
 BENCH = Path(__file__).resolve().parent
 PG_BIN = Path(os.environ.get("BATONQ_PG_BIN", "/usr/lib/postgresql/15/bin"))

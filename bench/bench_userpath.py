@@ -59,7 +59,7 @@ from typing import Any
 import psycopg
 from bench_workers import PEERS_DIR, PgQueuer, _with_db
 
-from batonq.bench import Baseline, Batonq, batonq_source, machine_info, postgres_info, scratch_database
+from batonq.benchmark import Baseline, Batonq, batonq_source, machine_info, postgres_info, scratch_database
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"

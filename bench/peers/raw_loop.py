@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from batonq.bench import Baseline
+from batonq.benchmark import Baseline
 
 
 def main(batch: int) -> None:

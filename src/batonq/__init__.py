@@ -10,8 +10,6 @@ Usage::
             client.complete(lease.lease_token, {"shipped": True})
 """
 
-import importlib.metadata
-
 from batonq.client import AsyncClient, connect_async
 from batonq.client_sync import Client, connect
 from batonq.errors import (
@@ -46,10 +44,10 @@ from batonq.models import (
     Task,
 )
 from batonq.sweeper import Sweeper
+from batonq.version import VERSION
 from batonq.worker import App, AsyncJob, BaseJob, Job, Middleware, Outcome, Worker
 
-# pyproject.toml holds the version; the installed package's metadata carries it.
-__version__ = importlib.metadata.version("batonq")
+__version__ = VERSION
 
 __all__ = [
     "App",

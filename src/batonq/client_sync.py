@@ -22,9 +22,12 @@ from psycopg_pool import ConnectionPool
 from batonq import operations
 from batonq.embedded import resolve_dsn
 from batonq.errors import from_database_error
+from batonq.json_values import load_json
+from batonq.limits import MAX_AWAIT_S
 from batonq.listener import Listener, NoListener, Wake
 from batonq.models import (
     JSON,
+    MISSING,
     ApiKey,
     Edge,
     Enqueued,
@@ -40,7 +43,7 @@ from batonq.models import (
     Task,
     Throughput,
 )
-from batonq.operations import MISSING, Call
+from batonq.operations import Call
 from batonq.sweeper import Sweeper
 
 __all__ = ["ENV_LISTEN_DSN", "Client", "connect"]
@@ -55,14 +58,13 @@ T = TypeVar("T")
 # soon after every waiter got busy, yet an idle worker (claiming every 5 s)
 # renews only every other time.
 _AWAIT_S = 15.0
-_AWAIT_MAX_S = 3600.0
 _AWAIT_MARGIN_S = 1.0
 
 
-# JSON read back through batonq.operations.load_json: a stored row never
+# JSON read back through batonq.json_values.load_json: a stored row never
 # fails to load.
 _ADAPTERS = AdaptersMap(psycopg.adapters)
-set_json_loads(operations.load_json, _ADAPTERS)
+set_json_loads(load_json, _ADAPTERS)
 
 
 def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:
@@ -271,7 +273,7 @@ class Client:
     ) -> list[Lease]:
         """Claim up to ``max_tasks`` tasks, each under a new lease.
 
-        With ``wait_s`` (up to 55) an empty queue is waited on, and the claim
+        With ``wait_s`` (up to ``limits.MAX_WAIT_S``, 55) an empty queue is waited on, and the claim
         returns as soon as a task arrives; ``[]`` when none did. ``key_id``
         records the API key asking (a service's), for ``lease_tokens_for_key``.
         """
@@ -308,10 +310,10 @@ class Client:
         while listening (``watch`` does it for you). A wait over half an
         hour is covered half an hour at a time."""
         now = time.monotonic()
-        for_s = min(for_s, _AWAIT_MAX_S / 2)
+        for_s = min(for_s, MAX_AWAIT_S / 2)
         if self._awaited.get(queue, 0.0) >= now + for_s + _AWAIT_MARGIN_S:
             return False
-        register_s = max(_AWAIT_S, 2 * for_s)  # at most _AWAIT_MAX_S, for_s being clamped
+        register_s = max(_AWAIT_S, 2 * for_s)  # at most MAX_AWAIT_S, for_s being clamped
         self._run(operations.await_work(queue, register_s))
         self._awaited[queue] = now + register_s
         return True

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from batonq.errors import InvalidArgument, InvalidToken, LeaseLost, TaskFinished, TaskNotFound
+
 __all__ = [
+    "JSON",
+    "MISSING",
     "ApiKey",
     "Edge",
     "Enqueued",
@@ -22,6 +26,8 @@ __all__ = [
     "Submitted",
     "Task",
     "Throughput",
+    "task_id",
+    "task_ref",
 ]
 
 JSON = Any
@@ -29,6 +35,33 @@ JSON = Any
 
 TASK_STATES = ("waiting", "held", "pending", "leased", "done", "dead", "cancelled")
 FINISHED_STATES = ("done", "dead", "cancelled")
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+"""Marks an argument not given, where None (JSON null) is a value."""
+
+
+def task_id(value: int | str) -> int:
+    """Accept a task id as ``5521`` or ``"t_5521"``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        text = value[2:] if value.startswith("t_") else value
+        # ASCII digits only: str.isdigit() also passes "²" (which int()
+        # rejects with a ValueError) and other scripts' digits.
+        if text.isascii() and text.isdigit() and len(text) <= 18:
+            return int(text)
+    raise InvalidArgument(f"task id must look like t_5521 or 5521, got {value!r}")
+
+
+def task_ref(task_id: int) -> str:
+    """A task id as users see it: ``t_5521`` (``task_id`` reads it back)."""
+    return f"t_{task_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +127,21 @@ class Submitted:
     @property
     def accepted(self) -> bool:
         return self.outcome in ("accepted", "replayed")
+
+    def or_raise(self) -> Submitted:
+        """This reply if the write was accepted (or replayed); else raise
+        ``LeaseLost`` (``TaskFinished`` when the task is finished),
+        ``TaskNotFound`` or ``InvalidToken``."""
+        if self.outcome == "not_found":
+            raise TaskNotFound(f"task {self.task_id} not found in queue {self.queue}", task_id=self.task_id)
+        if self.outcome == "invalid_token":
+            raise InvalidToken(f"wrong lease token for task {self.task_id}", task_id=self.task_id)
+        state = self.state or "unknown"
+        if self.outcome == "finished":
+            raise TaskFinished(self.task_id, state, self.fencing_token, self.current_fencing_token)
+        if self.outcome == "lease_lost":
+            raise LeaseLost(self.task_id, state, self.fencing_token, self.current_fencing_token)
+        return self
 
 
 @dataclass(frozen=True, slots=True)

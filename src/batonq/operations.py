@@ -6,18 +6,19 @@ The async and the sync client both execute these, so the logic lives once.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any, Generic, TypeVar
 
 from psycopg.types.json import Jsonb
 
-from batonq.errors import InvalidArgument, InvalidToken, LeaseLost, TaskFinished, TaskNotFound
+from batonq.errors import InvalidArgument
+from batonq.json_values import JsonText
+from batonq.limits import MAX_WAIT_S
 from batonq.models import (
     JSON,
+    MISSING,
     ApiKey,
     Edge,
     Enqueued,
@@ -32,13 +33,12 @@ from batonq.models import (
     Submitted,
     Task,
     Throughput,
+    task_id,
 )
 from batonq.rings import scope_regex
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
-
-MAX_WAIT_S = 55.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,24 +48,6 @@ class Call(Generic[T]):
     sql: str
     params: tuple[Any, ...]
     parse: Callable[[Rows], T]
-
-
-def task_id(value: int | str) -> int:
-    """Accept a task id as ``5521`` or ``"t_5521"``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        text = value[2:] if value.startswith("t_") else value
-        # ASCII digits only: str.isdigit() also passes "²" (which int()
-        # rejects with a ValueError) and other scripts' digits.
-        if text.isascii() and text.isdigit() and len(text) <= 18:
-            return int(text)
-    raise InvalidArgument(f"task id must look like t_5521 or 5521, got {value!r}")
-
-
-def task_ref(task_id: int) -> str:
-    """A task id as users see it: ``t_5521`` (``task_id`` reads it back)."""
-    return f"t_{task_id}"
 
 
 def _one(cls: Callable[..., T]) -> Callable[[Rows], T]:
@@ -79,67 +61,7 @@ def _all(cls: Callable[..., T]) -> Callable[[Rows], list[T]]:
 def _submitted(rows: Rows) -> Submitted:
     """Read a write's reply; a refused write raises (after its transaction
     committed the refusal to the ledger)."""
-    return accepted(Submitted(*rows[0]))
-
-
-def accepted(reply: Submitted) -> Submitted:
-    """``reply`` if the write was accepted (or replayed); else raise
-    ``LeaseLost`` (``TaskFinished`` when the task is finished),
-    ``TaskNotFound`` or ``InvalidToken``."""
-    if reply.outcome == "not_found":
-        raise TaskNotFound(
-            f"task {reply.task_id} not found in queue {reply.queue}", task_id=reply.task_id
-        )
-    if reply.outcome == "invalid_token":
-        raise InvalidToken(f"wrong lease token for task {reply.task_id}", task_id=reply.task_id)
-    state = reply.state or "unknown"
-    if reply.outcome == "finished":
-        raise TaskFinished(reply.task_id, state, reply.fencing_token, reply.current_fencing_token)
-    if reply.outcome == "lease_lost":
-        raise LeaseLost(reply.task_id, state, reply.fencing_token, reply.current_fencing_token)
-    return reply
-
-
-SERVED_DEPTH = 200
-"""Deeper stored JSON loads as its text: serialisers on the way out (pydantic,
-orjson) give up past 255 levels, and a reply wraps a few of its own."""
-
-
-def load_json(data: str | bytes) -> Any:
-    """JSON from the database, loaded so that every reader can serve it.
-
-    The engine refuses what could not be served (over 64 levels, numbers of
-    1e300 and more); rows stored before it did still load: an integer past
-    Python's 4,300-digit limit as a ``Decimal``, a value nested past
-    ``SERVED_DEPTH`` (or past Python's recursion limit) as its JSON text.
-    """
-    text = data.decode() if isinstance(data, bytes) else data
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        return text
-    except ValueError:  # an integer past int's digit limit
-        value = json.loads(text, parse_int=Decimal)
-    if text.count("[") + text.count("{") > SERVED_DEPTH and json_depth(value) > SERVED_DEPTH:
-        return text
-    return value
-
-
-def json_depth(value: Any) -> int:
-    """How many arrays and objects nest in ``value``, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is not None:
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in children)
-    return deepest
-
-
-class JsonText(str):
-    """JSON text, sent as it is instead of serialised again (the worker
-    serialises each result once, to check it is JSON)."""
+    return Submitted(*rows[0]).or_raise()
 
 
 def _json(value: JSON) -> Jsonb:
@@ -361,15 +283,6 @@ def sweep() -> Call[int]:
 
 def maintain() -> Call[dict[str, int]]:
     return Call("SELECT batonq.maintain()", (), lambda rows: dict(rows[0][0]))
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()
-"""Marks an argument not given, where None (JSON null) is a value."""
 
 
 def add_edge(

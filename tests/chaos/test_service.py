@@ -21,7 +21,7 @@ from tests.waiting import wait_for
 
 pytestmark = pytest.mark.chaos
 
-FAILURE_LIMIT = 100  # failed authentications per address in 60 s (batonq.service.auth.FailedAuth)
+FAILURE_LIMIT = 100  # failed authentications per address in 60 s (batonq.access.FailedAuth)
 
 
 def status(response: httpx.Response) -> tuple[int, str]:

@@ -21,7 +21,7 @@ from tests.private_cluster import PrivateCluster, private_cluster, private_stand
 from tests.waiting import wait_for
 
 import batonq
-from batonq.operations import task_ref
+from batonq.models import task_ref
 
 QUEUE = "replica:q"
 

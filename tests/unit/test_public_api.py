@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import batonq
-from batonq import operations
+from batonq import models
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_sync_client_has_every_async_method() -> None:
 
 @pytest.mark.parametrize(("value", "expected"), [(5, 5), ("5", 5), ("t_5", 5), ("t_5521", 5521), (0, 0)])
 def test_task_id_accepts(value: int | str, expected: int) -> None:
-    assert operations.task_id(value) == expected
+    assert models.task_id(value) == expected
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_task_id_accepts(value: int | str, expected: int) -> None:
 )
 def test_task_id_rejects(value: Any) -> None:
     with pytest.raises(batonq.InvalidArgument, match="task id must look like t_5521 or 5521"):
-        operations.task_id(value)
+        models.task_id(value)
 
 
 def test_lease_lost_message_names_the_holder() -> None:

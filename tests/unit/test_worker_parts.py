@@ -10,8 +10,9 @@ import sys
 import pytest
 
 import batonq
+from batonq.json_values import json_size
 from batonq.worker import load
-from batonq.worker.failure import failure_of, fit_text, json_size
+from batonq.worker.failure import failure_of, fit_text
 from batonq.worker.logs import JsonFormatter
 
 
@@ -31,7 +32,8 @@ def test_failure_of_maps_exceptions_to_fail_arguments() -> None:
     except batonq.PermanentError as error:
         permanent = failure_of(error)
     assert not permanent.requeue and permanent.retry_delay_s is None
-    assert permanent.error.startswith("Traceback") and permanent.error.endswith("PermanentError: gone")
+    assert permanent.error.startswith("PermanentError: gone\n\nTraceback (most recent call last)")
+    assert permanent.error.endswith("PermanentError: gone")
 
     retry = failure_of(batonq.Retry(delay_s=7, message="later"))
     assert (retry.error, retry.retry_delay_s, retry.requeue) == ("Retry: later", 7, True)

@@ -179,3 +179,19 @@ def test_quickstart_example_runs_end_to_end(
     assert tasks["ada@example.com"].result == {"sent_to": "ada@example.com"}
     assert tasks["grace@example.com"].state == "done"
     assert tasks["nobody"].state == "dead" and tasks["nobody"].attempts == 1
+    # The README's promise: the listing shows the message, `batonq task` the traceback too.
+    listing = _batonq("tasks", "emails", env=env)
+    dead_id = f"t_{tasks['nobody'].id} "
+    [dead_row] = [line for line in listing.splitlines() if line.lstrip().startswith(dead_id)]
+    assert "dead" in dead_row and "not an address: nobody" in dead_row, listing
+    assert "Traceback" not in listing, listing
+    shown = _batonq("task", str(tasks["nobody"].id), env=env)
+    assert "not an address: nobody" in shown and "Traceback (most recent call last)" in shown, shown
+
+
+def _batonq(*args: str, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "batonq", *args],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )
+    return done.stdout

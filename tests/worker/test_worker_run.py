@@ -147,7 +147,7 @@ async def test_unhandled_exception_keeps_its_traceback(client: batonq.Client, ds
     assert (task.state, task.attempts) == ("pending", 1)
     [attempt] = task.errors
     error = attempt["error"]
-    assert error.startswith("Traceback (most recent call last)")
+    assert error.startswith("ValueError: boom-42\n\nTraceback (most recent call last)")
     assert "in explode" in error and error.endswith("ValueError: boom-42")
     assert task.last_error == error
     assert client.claim("err:boom") == []  # the queue's backoff: not claimable at once
@@ -187,7 +187,7 @@ async def test_huge_traceback_is_cut_to_fit(client: batonq.Client, dsn: str) -> 
     task = client.task(enq.task_id)
     assert task.state == "dead" and task.last_error is not None
     assert len(task.last_error.encode()) <= 131072
-    assert task.last_error.startswith("Traceback") and task.last_error.endswith("the end")
+    assert task.last_error.startswith("RuntimeError: xxx") and task.last_error.endswith("the end")
     assert "characters cut" in task.last_error
 
 

@@ -1,4 +1,4 @@
-"""``batonq bench``: the core benchmark (``batonq.bench``) on the user's server."""
+"""``batonq bench``: the core benchmark (``batonq.benchmark``) on the user's server."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 import psycopg
 
-from batonq.bench import SCENARIOS, format_table, run_benchmark, write_report
+from batonq.benchmark import SCENARIOS, format_table, run_benchmark, write_report
 from batonq.cli.common import Failure, resolved_dsn
 
 __all__ = ["bench"]

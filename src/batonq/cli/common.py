@@ -20,7 +20,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 import batonq
-from batonq import operations
+from batonq import models
 from batonq.embedded import ENV_DSN, resolve_dsn
 from batonq.errors import BatonqError, LeaseLost
 
@@ -37,8 +37,8 @@ __all__ = [
     "BatonqGroup",
     "Failure",
     "LeaseLostFailure",
-    "UnreachableFailure",
     "Settings",
+    "UnreachableFailure",
     "dsn_option",
     "json_option",
     "open_client",
@@ -187,7 +187,7 @@ class TaskIdType(click.ParamType[int]):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         try:
-            return operations.task_id(value)
+            return models.task_id(value)
         except BatonqError as error:
             self.fail(error.message, param, ctx)
 

@@ -9,8 +9,7 @@ import click
 
 from batonq.cli.common import JSON_VALUE, json_option, open_client
 from batonq.cli.output import echo_json
-from batonq.models import Edge
-from batonq.operations import MISSING
+from batonq.models import MISSING, Edge
 
 __all__ = ["graph"]
 

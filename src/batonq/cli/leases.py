@@ -16,6 +16,7 @@ from batonq.cli.common import (
     usage_error,
 )
 from batonq.cli.output import echo_json, format_age, tid
+from batonq.limits import MAX_LEASE_S, MAX_WAIT_S, MIN_LEASE_S
 from batonq.models import Submitted
 
 __all__ = ["claim", "complete", "fail", "heartbeat"]
@@ -39,10 +40,12 @@ def _echo_submitted(reply: Submitted, as_json: bool) -> None:
     "--max-tasks", type=int, metavar="N", default=1, show_default=True, help="Claim up to this many."
 )
 @click.option(
-    "--lease", "lease_s", type=int, metavar="SECONDS", help="Lease seconds, 1-3600 (default: the queue's)."
+    "--lease", "lease_s", type=int, metavar="SECONDS",
+    help=f"Lease seconds, {MIN_LEASE_S}-{MAX_LEASE_S} (default: the queue's).",
 )
 @click.option(
-    "--wait", "wait_s", type=float, default=0.0, metavar="SECONDS", help="Wait this long (max 55) for a task."
+    "--wait", "wait_s", type=float, default=0.0, metavar="SECONDS",
+    help=f"Wait this long (max {MAX_WAIT_S:g}) for a task.",
 )
 @click.option("--worker", metavar="NAME", help="Your name, recorded on the task (default: host:pid).")
 @click.pass_context

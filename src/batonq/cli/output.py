@@ -12,9 +12,19 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from batonq.operations import task_ref
+from batonq.models import task_ref
 
-__all__ = ["age_since", "console", "echo_json", "format_age", "jsonable", "print_table", "tid", "truncate"]
+__all__ = [
+    "age_since",
+    "console",
+    "echo_json",
+    "first_line",
+    "format_age",
+    "jsonable",
+    "print_table",
+    "tid",
+    "truncate",
+]
 
 # Fields that hold a task id: shown as t_<n>, as everywhere else in batonq.
 _ID_FIELDS = frozenset({"id", "task_id", "parent_id", "root_id"})
@@ -61,6 +71,11 @@ def format_age(seconds: float | None) -> str:
 def age_since(moment: datetime | None) -> float | None:
     """Seconds from ``moment`` to now (for display only; on this machine's clock)."""
     return None if moment is None else (datetime.now(UTC) - moment).total_seconds()
+
+
+def first_line(text: str | None) -> str:
+    """A worker's error text leads with the exception's message, then its traceback."""
+    return (text or "").partition("\n")[0]
 
 
 def truncate(text: str | None, width: int) -> str:

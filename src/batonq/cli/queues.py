@@ -7,6 +7,7 @@ import click
 
 from batonq.cli.common import json_option, open_client
 from batonq.cli.output import echo_json, format_age, print_table
+from batonq.limits import MAX_LEASE_S, MIN_LEASE_S
 from batonq.models import QueueConfig
 
 __all__ = ["queue", "queues"]
@@ -71,7 +72,8 @@ def queue() -> None:
 @queue.command()
 @click.argument("name")
 @click.option(
-    "--lease", "lease_s", type=int, metavar="SECONDS", help="Default lease seconds for claims (1-3600)."
+    "--lease", "lease_s", type=int, metavar="SECONDS",
+    help=f"Default lease seconds for claims ({MIN_LEASE_S}-{MAX_LEASE_S}).",
 )
 @click.option("--max-attempts", type=int, metavar="N", help="Attempts before a task is dead.")
 @click.option(

@@ -103,7 +103,7 @@ def serve(
     """
     import uvicorn
 
-    from batonq.service import create_app
+    from batonq.server import create_server
 
     dsn = resolved_dsn(ctx)
     with open_client(ctx) as client:
@@ -121,7 +121,7 @@ def serve(
                 "max_streams_per_key": max_streams_per_key, "new_queues_per_hour": new_queues_per_key,
                 "client_options": {"max_connections": max_connections}, "read_dsn": read_url}  # fmt: skip
     if workers == 1:
-        uvicorn.run(create_app(**settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_server(**settings), host=host, port=port, log_level=log_level)
         return
     os.environ[_ENV_APP] = json.dumps(settings)  # the worker processes inherit it
     uvicorn.run("batonq.cli.serve:app_from_env", factory=True, workers=workers,
@@ -130,7 +130,7 @@ def serve(
 
 def app_from_env() -> FastAPI:
     """The service in one of ``--workers N`` processes."""
-    from batonq.service import create_app
+    from batonq.server import create_server
 
     settings: dict[str, Any] = json.loads(os.environ[_ENV_APP])
-    return create_app(**settings)
+    return create_server(**settings)

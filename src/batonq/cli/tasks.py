@@ -10,7 +10,17 @@ import click
 
 import batonq
 from batonq.cli.common import TASK_ID, json_option, open_client
-from batonq.cli.output import age_since, echo_json, format_age, jsonable, print_table, tid, truncate
+from batonq.cli.output import (
+    age_since,
+    echo_json,
+    first_line,
+    format_age,
+    jsonable,
+    print_table,
+    tid,
+    truncate,
+)
+from batonq.limits import MAX_PAGE
 from batonq.models import JSON, TASK_STATES, SetAsideWrite, Task
 
 __all__ = ["cancel", "hold", "release", "retry", "task", "tasks"]
@@ -20,7 +30,7 @@ __all__ = ["cancel", "hold", "release", "retry", "task", "tasks"]
 @click.argument("queue")
 @click.option("--state", type=click.Choice(TASK_STATES), help="Only tasks in this state.")
 @click.option(
-    "--limit", type=int, default=50, metavar="N", show_default=True, help="At most this many (1-1000)."
+    "--limit", type=int, default=50, metavar="N", show_default=True, help=f"At most this many (1-{MAX_PAGE})."
 )
 @json_option
 @click.pass_context
@@ -46,7 +56,7 @@ def tasks(ctx: click.Context, queue: str, state: str | None, limit: int, as_json
             str(t.priority),
             format_age(age_since(t.created_at)),
             t.idempotency_key or "",
-            truncate(t.last_error, 60),
+            truncate(first_line(t.last_error), 60),
         ]
         for t in found
     ]

@@ -12,6 +12,7 @@ import click
 import psycopg
 
 from batonq.embedded import resolve_dsn
+from batonq.limits import MAX_LEASE_S, MIN_LEASE_S
 from batonq.worker import Worker, load
 from batonq.worker.logs import configure
 from batonq.worker.supervisor import Supervisor, die_with_supervisor
@@ -61,7 +62,7 @@ def _split(values: tuple[str, ...]) -> list[str]:
 @click.option(
     "--lease",
     "lease_s",
-    type=click.IntRange(1, 3600),
+    type=click.IntRange(MIN_LEASE_S, MAX_LEASE_S),
     metavar="SECONDS",
     help="Lease per claim; heartbeats renew it every third. Default: the queue's.",
 )

@@ -18,9 +18,8 @@ import secrets
 
 from fastapi import Request, Response
 
+from batonq.access import Access, Refused, authenticate
 from batonq.rings import OPERATOR
-from batonq.service.auth import Principal, authenticate
-from batonq.service.problems import ApiError
 from batonq.service.state import client_of
 
 __all__ = [
@@ -48,17 +47,17 @@ _CSRF_CONTEXT = b"batonq dashboard csrf v1"
 class Session:
     """A signed-in key: what it may see and do, and its CSRF token."""
 
-    def __init__(self, principal: Principal, key: str) -> None:
-        self.principal = principal
+    def __init__(self, access: Access, key: str) -> None:
+        self.access = access
         self.csrf = csrf_token(key)
 
     @property
     def can_operate(self) -> bool:
         """Whether the key may retry, cancel, hold and release (ring 1 or stronger)."""
-        return self.principal.ring <= OPERATOR
+        return self.access.ring <= OPERATOR
 
     def covers(self, queue: str) -> bool:
-        return self.principal.covers(queue)
+        return self.access.covers(queue)
 
 
 def csrf_token(key: str) -> str:
@@ -71,10 +70,10 @@ async def current(request: Request) -> Session | None:
     if not key:
         return None
     try:
-        principal = await authenticate(client_of(request), f"Bearer {key}")
-    except ApiError:
+        access = await authenticate(client_of(request), f"Bearer {key}")
+    except Refused:
         return None
-    return Session(principal, key)
+    return Session(access, key)
 
 
 async def check_csrf(request: Request, session: Session) -> bool:
@@ -121,13 +120,13 @@ def take_flash(request: Request, response: Response) -> None:
         response.delete_cookie(FLASH_COOKIE, path="/ui", httponly=True, samesite="strict")
 
 
-async def sign_in(request: Request, key: str, response: Response) -> Principal:
+async def sign_in(request: Request, key: str, response: Response) -> Access:
     """Check ``key`` and set the session cookie on ``response``; raises
-    ApiError (401) for a key that is not valid."""
-    principal = await authenticate(client_of(request), f"Bearer {key}")
+    ``Refused`` (401) for a key that is not valid."""
+    access = await authenticate(client_of(request), f"Bearer {key}")
     _set_cookie(request, response, COOKIE, key, "/ui")
     response.delete_cookie(LOGIN_COOKIE, path="/ui/login", httponly=True, samesite="strict")
-    return principal
+    return access
 
 
 def sign_out(response: Response) -> None:

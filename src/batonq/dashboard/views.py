@@ -18,7 +18,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from batonq import errors, operations
+from batonq import errors
+from batonq.access import Refused, visible_task
 from batonq.dashboard import layout
 from batonq.dashboard.session import (
     FLASH_COOKIE,
@@ -33,11 +34,10 @@ from batonq.dashboard.session import (
     sign_out,
     take_flash,
 )
-from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput
+from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput, task_ref
 from batonq.rings import RINGS
-from batonq.service.problems import ApiError
-from batonq.service.reads import LINEAGE_LIMIT, visible_task
-from batonq.service.schemas import RunOut
+from batonq.schemas import RunOut
+from batonq.service.reads import LINEAGE_LIMIT
 from batonq.service.state import client_of, reader_of
 
 __all__ = ["NotSignedIn", "router", "to_login"]
@@ -88,7 +88,7 @@ def _pretty(value: Any) -> str:
 
 
 templates.env.filters.update(
-    age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=operations.task_ref
+    age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=task_ref
 )
 templates.env.globals.update(RINGS=RINGS, STATES=TASK_STATES, ALLOWED=ALLOWED)
 
@@ -161,7 +161,7 @@ async def login(request: Request) -> Response:
     response = RedirectResponse("/ui", status_code=303)
     try:
         await sign_in(request, key.strip() if isinstance(key, str) else "", response)
-    except ApiError as error:
+    except Refused as error:
         # 200, not 401: the form again, with the reason (a 401 page is a console error)
         return _login_page(request, error=error.message)
     return response
@@ -194,7 +194,7 @@ def _sparks(queues: Sequence[str], counts: Sequence[Throughput]) -> dict[str, li
 async def _queue_rows(request: Request, session: Session) -> dict[str, Any]:
     client = reader_of(request)
     search, after = _text(request.query_params.get("q")), _text(request.query_params.get("after"))
-    scopes = session.principal.queues
+    scopes = session.access.queues
     page, total = await asyncio.gather(
         client.queue_page(scopes, search=search, after=after, limit=PAGE + 1),
         client.queue_count(scopes, search=search),
@@ -248,7 +248,7 @@ async def tasks_page(request: Request, session: Reader) -> Response:
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
         tasks=found, problem=problem, now=datetime.now(UTC),
-        next_before=operations.task_ref(found[-1].id) if len(found) == PAGE else None,
+        next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
     )  # fmt: skip
 
 
@@ -300,7 +300,7 @@ async def _task_context(request: Request, session: Session, task: Task) -> dict[
 
 async def _visible(request: Request, session: Session, task_id: str) -> Task | Response:
     try:
-        return await visible_task(client_of(request), session.principal, task_id)
+        return await visible_task(client_of(request), session.access, task_id)
     except (errors.TaskNotFound, errors.InvalidArgument) as error:
         return _page(request, session, "error.html", status=404, message=error.message)
 
@@ -310,7 +310,7 @@ async def task_page(request: Request, task_id: str, session: Reader) -> Response
     task = await _visible(request, session, task_id)
     if isinstance(task, Response):
         return task
-    ref = operations.task_ref(task.id)
+    ref = task_ref(task.id)
     outcome = None
     if request.cookies.get(FLASH_COOKIE) == ref:  # back from a plain form's action
         outcome = {"ok": True, "text": f"{ref} is {task.state} now."}
@@ -325,7 +325,7 @@ async def _may_act(request: Request, session: Session | None) -> Response | None
     if session is None:
         return _page(request, None, "error.html", status=401, message="Sign in first.")
     if not session.can_operate:
-        ring = session.principal.ring
+        ring = session.access.ring
         message = f"Your key is of ring {ring} ({RINGS[ring]}); this needs ring 1 (operator) or stronger."
         return _page(request, session, "error.html", status=403, message=message)
     if not await check_csrf(request, session):
@@ -351,14 +351,14 @@ async def act(request: Request, task_id: str, action: str) -> Response:
     }
     try:
         task = await operation[action](task.id)
-        outcome = {"ok": True, "text": f"{operations.task_ref(task.id)} is {task.state} now."}
+        outcome = {"ok": True, "text": f"{task_ref(task.id)} is {task.state} now."}
     except errors.BatonqError as error:
         task = await client.task(task.id)
         outcome = {"ok": False, "text": error.message}
     plain = not request.headers.get("hx-request")
     if plain and outcome["ok"]:  # a plain form: show the task, and reloading it acts no more
-        response = RedirectResponse(f"/ui/tasks/{operations.task_ref(task.id)}", status_code=303)
-        set_flash(request, response, operations.task_ref(task.id))
+        response = RedirectResponse(f"/ui/tasks/{task_ref(task.id)}", status_code=303)
+        set_flash(request, response, task_ref(task.id))
         return response
     context = await _task_context(request, session, task)
     name = "task.html" if plain else "_task_summary.html"
@@ -376,14 +376,14 @@ async def dead_page(request: Request, session: Reader) -> Response:
     problem = None
     try:
         found = await reader_of(request).dead_tasks(
-            session.principal.queues, queue=queue, error=error, limit=PAGE, before_id=before
+            session.access.queues, queue=queue, error=error, limit=PAGE, before_id=before
         )
     except errors.BatonqError as failure:
         problem = failure.message
     found = [t for t in found if session.covers(t.queue)]
     return _page(
         request, session, "dead.html", queue=queue or "", error=error or "", tasks=found, problem=problem,
-        next_before=operations.task_ref(found[-1].id) if len(found) == PAGE else None,
+        next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
         bulk_limit=BULK_LIMIT, outcome=None,
     )  # fmt: skip
 
@@ -400,7 +400,7 @@ async def retry_dead(request: Request) -> Response:
     queue = _text(form.get("queue") if isinstance(form.get("queue"), str) else None)  # type: ignore[arg-type]
     error = _text(form.get("error") if isinstance(form.get("error"), str) else None)  # type: ignore[arg-type]
     client = client_of(request)
-    chosen = await client.dead_tasks(session.principal.queues, queue=queue, error=error, limit=BULK_LIMIT)
+    chosen = await client.dead_tasks(session.access.queues, queue=queue, error=error, limit=BULK_LIMIT)
     retried, refusals = 0, []
     for task in chosen:
         if not session.covers(task.queue):
@@ -409,13 +409,13 @@ async def retry_dead(request: Request) -> Response:
             await client.retry(task.id)
             retried += 1
         except errors.BatonqError as failure:  # retried or removed since it was listed
-            refusals.append(f"{operations.task_ref(task.id)}: {failure.message}")
+            refusals.append(f"{task_ref(task.id)}: {failure.message}")
     text = f"Retried {retried} dead task{'s' if retried != 1 else ''}; they are pending now."
     if refusals:
         text += f" {len(refusals)} could not be retried ({refusals[0]})."
     if len(chosen) == BULK_LIMIT:
         text += f" At most {BULK_LIMIT} at a time: retry again for the rest."
-    remaining = await client.dead_tasks(session.principal.queues, queue=queue, error=error, limit=PAGE)
+    remaining = await client.dead_tasks(session.access.queues, queue=queue, error=error, limit=PAGE)
     return _page(
         request, session, "dead.html", queue=queue or "", error=error or "", problem=None,
         tasks=[t for t in remaining if session.covers(t.queue)],
@@ -469,5 +469,5 @@ async def workers_page(request: Request, session: Reader) -> Response:
     window = request.query_params.get("window", "24h")
     if window not in WINDOWS:
         window = "24h"
-    cards = await reader_of(request).worker_scorecards(session.principal.queues, since_s=WINDOWS[window])
+    cards = await reader_of(request).worker_scorecards(session.access.queues, since_s=WINDOWS[window])
     return _page(request, session, "workers.html", cards=cards, window=window, windows=list(WINDOWS))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from mcp.server.mcpserver.prompts.base import UserMessage
 from pydantic import Field
+
+from batonq.limits import MAX_WAIT_S, QUEUE_NAME, QUEUE_NAME_PATTERN
 
 __all__ = ["GUIDE", "GUIDE_URI", "INSTRUCTIONS", "work_through_queue"]
 
@@ -29,7 +30,7 @@ batonq is a task queue in PostgreSQL. A *task* is a JSON payload in a named
 `batonq_claim(queue, lease_seconds?, wait_seconds?)` takes ONE task and returns
 it with a `lease_token`; its input is `row`. Until `lease_expires_in_s` runs
 out, nobody else can claim it. `task` is null when the queue is empty;
-`wait_seconds` (up to 55) waits for work first, so you need not poll in a tight
+`wait_seconds` (up to {MAX_WAIT_S:g}) waits for work first, so you need not poll in a tight
 loop.
 
 ## Lease
@@ -64,15 +65,12 @@ secrets into results.
 (This guide is the resource {GUIDE_URI}.)
 """
 
-_QUEUE = re.compile(r"[a-z0-9][a-z0-9_.:-]{0,127}")
-
-
 def work_through_queue(
     queue: Annotated[str, Field(description="The queue to work through, e.g. 'shards'.")],
 ) -> list[UserMessage]:
     """Work through queue Q: claim a task, do it, complete it, until the queue is empty."""
-    if _QUEUE.fullmatch(queue) is None:
-        raise ValueError("queue names match [a-z0-9][a-z0-9_.:-]{0,127}")
+    if QUEUE_NAME.fullmatch(queue) is None:
+        raise ValueError(f"queue names match {QUEUE_NAME_PATTERN}")
     return [
         UserMessage(
             f"Work through the batonq queue `{queue}`, one task at a time:\n\n"

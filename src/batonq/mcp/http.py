@@ -8,7 +8,6 @@ processes behind one address serve MCP as they serve /v1.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -20,11 +19,11 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from batonq.access import Refused, authenticate_from
 from batonq.client import AsyncClient
-from batonq.mcp.access import SCOPE_KEY, Access
+from batonq.mcp.caller import SCOPE_KEY, Caller
 from batonq.mcp.server import build_server
-from batonq.service.auth import authenticate_from
-from batonq.service.problems import ApiError, body
+from batonq.schemas import ErrorBody, ErrorOut
 
 __all__ = ["PATH", "mount"]
 
@@ -41,18 +40,18 @@ class _Authenticated:
         client: AsyncClient = self.app.state.client
         try:
             address = scope["client"][0] if scope.get("client") else ""
-            principal = await authenticate_from(
+            access = await authenticate_from(
                 self.app.state.failed_auth, address, client, Headers(scope=scope).get("authorization")
             )
-        except ApiError as error:
+        except Refused as error:
             await _refuse(send, error)
             return
-        access = Access(client, principal.ring, principal.queues, f"mcp:key-{principal.key_id}")
-        await self.manager.handle_request({**scope, SCOPE_KEY: access}, receive, send)
+        caller = Caller(client, access, f"mcp:key-{access.key_id}")
+        await self.manager.handle_request({**scope, SCOPE_KEY: caller}, receive, send)
 
 
-async def _refuse(send: Send, error: ApiError) -> None:
-    content = json.dumps(body(error.code, error.message)).encode()
+async def _refuse(send: Send, error: Refused) -> None:
+    content = ErrorOut(error=ErrorBody(code=error.code, message=error.message)).model_dump_json().encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in (error.headers or {}).items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})

@@ -19,14 +19,15 @@ from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError
 from pydantic import ValidationError
 
-import batonq
+from batonq.access import Refused, authenticate
 from batonq.client import AsyncClient
-from batonq.mcp.access import Access, find_access
 from batonq.mcp.arguments import StrictTool
+from batonq.mcp.caller import Caller, find_caller
 from batonq.mcp.guide import GUIDE, GUIDE_URI, INSTRUCTIONS, work_through_queue
 from batonq.mcp.tasks import Tasks
 from batonq.mcp.tools import READ_TOOLS, TOOLS
-from batonq.service.schemas import TaskOut
+from batonq.schemas import TaskOut
+from batonq.version import VERSION
 
 __all__ = ["build_server", "serve_stdio"]
 
@@ -36,8 +37,8 @@ async def _hide_write_tools(ctx: ServerRequestContext[Any, Any], call_next: Call
     tools; the write tools also refuse it themselves, should it call one anyway."""
     result = await call_next(ctx)
     if ctx.method == "tools/list" and isinstance(result, dict):
-        access = find_access(ctx)
-        if access is None or not access.can_write:
+        caller = find_caller(ctx)
+        if caller is None or not caller.access.can_write:
             tools = [
                 t for t in result.get("tools", []) if isinstance(t, dict) and t.get("name") in READ_TOOLS
             ]
@@ -59,14 +60,14 @@ def _root_logging_untouched() -> Iterator[None]:
         root.removeHandler(placeholder)
 
 
-def build_server(fixed: Access | None = None) -> MCPServer[Any]:
-    """batonq's MCP server. ``fixed``: every caller's access (stdio); without
+def build_server(fixed: Caller | None = None) -> MCPServer[Any]:
+    """batonq's MCP server. ``fixed``: every call's caller (stdio); without
     it, each HTTP request brings its own (see ``batonq.mcp.http``)."""
     lifespan = None
     if fixed is not None:
 
         @asynccontextmanager
-        async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Access]:
+        async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Caller]:
             yield fixed
 
     tools = {
@@ -93,7 +94,7 @@ def build_server(fixed: Access | None = None) -> MCPServer[Any]:
             title="batonq task queue",
             description="Claim tasks under leases, complete them with results, enqueue new ones.",
             instructions=INSTRUCTIONS,
-            version=batonq.__version__,
+            version=VERSION,
             lifespan=lifespan,
             middleware=[_hide_write_tools],
             tools=list(tools.values()),
@@ -121,23 +122,20 @@ def _worker_name(key_id: int | None) -> str:
     return f"mcp:{who}{socket.gethostname()}:{os.getpid()}"
 
 
-async def stdio_access(client: AsyncClient, *, read_only: bool, key: str | None) -> Access:
+async def stdio_access(client: AsyncClient, *, read_only: bool, key: str | None) -> Caller:
     """Full access, or a key's ring and queues; ``read_only`` caps it at ring 3.
 
     Raises ``PermissionError`` for an invalid or revoked key.
     """
     if key is None:
-        access = Access(client, worker=_worker_name(None))
+        caller = Caller(client, worker=_worker_name(None))
     else:
-        from batonq.service.auth import authenticate
-        from batonq.service.problems import ApiError
-
         try:
-            principal = await authenticate(client, f"Bearer {key}")
-        except ApiError as error:
+            access = await authenticate(client, f"Bearer {key}")
+        except Refused as error:
             raise PermissionError(error.message) from None
-        access = Access(client, principal.ring, principal.queues, _worker_name(principal.key_id))
-    return access.read_only() if read_only else access
+        caller = Caller(client, access, _worker_name(access.key_id))
+    return caller.read_only() if read_only else caller
 
 
 class _AnsweringUnreadable:
@@ -192,8 +190,8 @@ def _refusal(error: Exception) -> JSONRPCError:
 async def serve_stdio(dsn: str, *, read_only: bool = False, key: str | None = None) -> None:
     """Serve MCP on stdin/stdout until the client closes them."""
     async with await AsyncClient(dsn, max_connections=5).open() as client:
-        access = await stdio_access(client, read_only=read_only, key=key)
-        lowlevel = build_server(access)._lowlevel_server  # run_stdio_async, with unreadable lines answered
+        caller = await stdio_access(client, read_only=read_only, key=key)
+        lowlevel = build_server(caller)._lowlevel_server  # run_stdio_async, with unreadable lines answered
         async with stdio_server() as (read_stream, write_stream):
             inbound = _AnsweringUnreadable(read_stream, write_stream)
             await lowlevel.run(inbound, write_stream, lowlevel.create_initialization_options())

@@ -32,10 +32,10 @@ from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from batonq import errors
-from batonq.mcp.access import Access, find_access
+from batonq.mcp.caller import Caller, find_caller
 from batonq.models import Task
 from batonq.rings import OPERATOR, RINGS
-from batonq.service.schemas import TaskOut
+from batonq.schemas import TaskOut
 
 __all__ = ["EXTENSION", "POLL_INTERVAL_MS", "Tasks", "handle", "speaks_tasks"]
 
@@ -142,15 +142,15 @@ class Tasks(Extension):
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:
         require_client_extension(ctx, EXTENSION)
         task = await _visible(ctx, params.task_id)
-        access = _access(ctx)
-        if access.ring > OPERATOR:
+        caller = _caller(ctx)
+        if caller.access.ring > OPERATOR:
             raise MCPError(
                 code=INVALID_REQUEST,
                 message=f"forbidden: cancelling a task needs a key of ring 1 (operator) or stronger; "
-                f"this one is ring {access.ring} ({RINGS.get(access.ring, '?')})",
+                f"this one is ring {caller.access.ring} ({RINGS.get(caller.access.ring, '?')})",
             )
         try:
-            await access.client.cancel(task.id)
+            await caller.client.cancel(task.id)
         except errors.InvalidState:
             pass  # finished meanwhile: it stays what it became, as the extension allows
         except psycopg.errors.InsufficientPrivilege as error:
@@ -164,22 +164,22 @@ class Tasks(Extension):
         return {}
 
 
-def _access(ctx: ServerRequestContext[Any, Any]) -> Access:
-    access = find_access(ctx)
-    if access is None:
+def _caller(ctx: ServerRequestContext[Any, Any]) -> Caller:
+    caller = find_caller(ctx)
+    if caller is None:
         raise MCPError(code=INVALID_REQUEST, message="unauthorized: no batonq access on this connection")
-    return access
+    return caller
 
 
 async def _visible(ctx: ServerRequestContext[Any, Any], task_id: str) -> Task:
     """The task, if the caller's keys cover its queue; otherwise not found."""
-    access = _access(ctx)
+    caller = _caller(ctx)
     try:
-        task = await access.client.task(task_id)
+        task = await caller.client.task(task_id)
     except (errors.TaskNotFound, errors.InvalidArgument):
         task = None
     except errors.BatonqError as error:
         raise MCPError(code=INTERNAL_ERROR, message=f"{error.code}: {error.message}") from error
-    if task is None or not access.covers(task.queue):
+    if task is None or not caller.access.covers(task.queue):
         raise MCPError(code=INVALID_PARAMS, message=f"Failed to retrieve task: task {task_id} not found")
     return task

@@ -1,4 +1,5 @@
-"""The ASGI app: ``create_app(dsn)``; served by ``batonq serve``.
+"""The HTTP API's ASGI app: ``create_app(dsn)``; ``batonq.server`` adds the
+MCP server and the dashboard to it for ``batonq serve``.
 
 It keeps no state that matters between requests (keys, leases and tasks are in
 the database), so several processes against one database are one service.
@@ -15,10 +16,9 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-import batonq
+from batonq.access import FailedAuth
 from batonq.client import AsyncClient
 from batonq.service import admin, discovery, problems, reads, stream, work
-from batonq.service.auth import FailedAuth
 from batonq.service.limits import (
     DEFAULT_MAX_STREAMS_PER_KEY,
     DEFAULT_NEW_QUEUES_PER_HOUR,
@@ -27,6 +27,7 @@ from batonq.service.limits import (
 )
 from batonq.service.metrics import Metrics
 from batonq.service.streams import PendingCounts
+from batonq.version import VERSION
 
 __all__ = ["create_app"]
 
@@ -159,7 +160,7 @@ def create_app(
 
     app = FastAPI(
         title="batonq",
-        version=batonq.__version__,
+        version=VERSION,
         summary="A task queue in PostgreSQL: leased, fenced, idempotent tasks.",
         lifespan=lifespan,
         docs_url="/docs",
@@ -173,11 +174,5 @@ def create_app(
     problems.install(app)
     for module in (work, stream, reads, admin, discovery):
         app.include_router(module.router)
-    from batonq.mcp.http import mount as mount_mcp  # imported here: batonq.mcp imports batonq.service
-
-    mount_mcp(app)  # MCP over streamable HTTP at /mcp, behind the same keys
-    from batonq.dashboard import mount as mount_dashboard  # it imports batonq.service too
-
-    mount_dashboard(app)  # the dashboard at /ui; / redirects there
     app.add_middleware(Limits, max_body_bytes=max_body_bytes, metrics=metrics)
     return app

@@ -18,28 +18,20 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from batonq.operations import json_depth
+from batonq.json_values import json_depth
+from batonq.limits import MAX_JSON_DEPTH, MAX_LIST_ITEMS, MAX_NUMBER_DIGITS
 
 __all__ = [
     "MAX_BODY_DEPTH",
-    "MAX_LIST_ITEMS",
-    "MAX_NUMBER_DIGITS",
     "BodyNotJson",
     "JsonRoute",
     "TooManyItems",
     "parse",
 ]
 
-MAX_JSON_DEPTH = 64
-"""How deep the engine lets a payload, result or error nest."""
 MAX_BODY_DEPTH = MAX_JSON_DEPTH + 2
 """A body may wrap a payload in a list and an object: deeper than this, the
 payload is too deep anyway."""
-MAX_NUMBER_DIGITS = 300
-"""Digits before a number's decimal point: the engine stores no number of
-1e300 or more."""
-MAX_LIST_ITEMS = 1000
-"""The most items a list body (enqueue, submit) may hold."""
 _LONG_DIGITS = re.compile(f"[0-9]{{{MAX_NUMBER_DIGITS + 1}}}")
 
 

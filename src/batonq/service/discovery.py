@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-import batonq
 from batonq.service.state import client_of, metrics_of, reader_of
+from batonq.version import VERSION
 
 router = APIRouter(tags=["service"])
 
@@ -56,7 +56,7 @@ async def agent_card(request: Request) -> dict[str, Any]:
     return {
         "name": "batonq",
         "description": "A task queue in PostgreSQL: claim tasks under leases, submit results.",
-        "version": batonq.__version__,
+        "version": VERSION,
         "url": f"{base}/v1",
         "documentation": f"{base}/llms.txt",
         "openapi": f"{base}/openapi.json",
@@ -75,7 +75,7 @@ async def mcp_card(request: Request) -> dict[str, Any]:
         "name": "batonq",
         "title": "batonq task queue",
         "description": "Claim tasks under leases, complete them with results, enqueue new ones.",
-        "version": batonq.__version__,
+        "version": VERSION,
         "remotes": [
             {
                 "type": "streamable-http",

@@ -9,9 +9,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
+from batonq.access import Access
 from batonq.client import AsyncClient
 from batonq.rings import OPERATOR
-from batonq.service.auth import Principal
 from batonq.service.problems import ApiError
 
 __all__ = ["DEFAULT_MAX_STREAMS_PER_KEY", "DEFAULT_NEW_QUEUES_PER_HOUR", "NewQueues", "OpenPerKey"]
@@ -67,9 +67,9 @@ class NewQueues:
         self._reading = asyncio.Lock()
         self._made: dict[int, deque[float]] = {}  # key id -> time.monotonic() of each queue it made
 
-    async def check(self, principal: Principal, queues: Iterable[str]) -> None:
+    async def check(self, access: Access, queues: Iterable[str]) -> None:
         """Refuse, or count, the queues among ``queues`` that do not exist yet."""
-        if principal.ring <= OPERATOR:
+        if access.ring <= OPERATOR:
             return
         new = set(queues) - self._known
         if not new:
@@ -82,7 +82,7 @@ class NewQueues:
         if not new:
             return
         now = time.monotonic()
-        made = self._made.setdefault(principal.key_id, deque())
+        made = self._made.setdefault(access.key_id, deque())
         while made and made[0] <= now - _HOUR_S:
             made.popleft()
         if len(made) + len(new) > self.per_hour:

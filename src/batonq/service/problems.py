@@ -13,9 +13,10 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from batonq import errors
-from batonq.operations import task_ref
+from batonq.access import Refused
+from batonq.models import task_ref
+from batonq.schemas import ErrorOut
 from batonq.service.body import BodyNotJson, TooManyItems
-from batonq.service.schemas import ErrorOut
 
 __all__ = ["ERROR_RESPONSES", "ApiError", "body", "install"]
 
@@ -123,6 +124,11 @@ async def _api_error(_: Request, error: Exception) -> JSONResponse:
     return JSONResponse(body(error.code, error.message, **error.extra), error.status, error.headers)
 
 
+async def _refused(_: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, Refused)
+    return JSONResponse(body(error.code, error.message), error.status, error.headers)
+
+
 async def _batonq_error(_: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, errors.BatonqError)
     return JSONResponse(body(error.code, error.message, **_detail(error)), _status_of(error))
@@ -204,6 +210,7 @@ async def _crashed(_: Request, error: Exception) -> JSONResponse:
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(errors.BatonqError, _batonq_error)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)

@@ -12,10 +12,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
+from batonq import schemas as s
+from batonq.access import Access
 from batonq.client import AsyncClient
+from batonq.limits import MAX_LEASE_S, MIN_LEASE_S, QUEUE_NAME_PATTERN
 from batonq.rings import WORKER
-from batonq.service import schemas as s
-from batonq.service.auth import Principal, require
+from batonq.service.auth import require
 from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.state import client_of, open_per_key
@@ -107,11 +109,11 @@ def _resumed_after(last_event_id: str | None) -> int:
 )
 async def stream(
     request: Request,
-    principal: Annotated[Principal, Depends(require(WORKER))],
-    queue: Annotated[str, Query(pattern=s.QUEUE_PATTERN)],
+    access: Annotated[Access, Depends(require(WORKER))],
+    queue: Annotated[str, Query(pattern=QUEUE_NAME_PATTERN)],
     claim: bool = False,
     credit: Annotated[int, Query(ge=1, le=100, description="with claim: unfinished tasks at most")] = 1,
-    lease_s: Annotated[int | None, Query(ge=1, le=3600)] = None,
+    lease_s: Annotated[int | None, Query(ge=MIN_LEASE_S, le=MAX_LEASE_S)] = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
     """Without `claim`: an `available` event (`{"queue","pending"}`) whenever the
@@ -126,15 +128,15 @@ async def stream(
     dropped connection return when their lease runs out. A key may hold a
     limited number of streams and long-poll claims open at once (429 with
     Retry-After past it)."""
-    principal.check_queue(queue)
+    access.check_queue(queue)
     client = client_of(request)
     keepalive_s: float = request.app.state.keepalive_s
     if claim:
-        events = _deliver(client, queue, credit, lease_s, principal.key_id, keepalive_s)
+        events = _deliver(client, queue, credit, lease_s, access.key_id, keepalive_s)
     else:
         seq = _resumed_after(last_event_id)
         events = _announce(client, request.app.state.pending_counts, queue, keepalive_s, seq)
-    release = open_per_key(request).hold(principal.key_id)
+    release = open_per_key(request).hold(access.key_id)
     return HeldStream(
         events,
         release,

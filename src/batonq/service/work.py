@@ -9,57 +9,43 @@ from typing import Annotated
 from annotated_types import Len
 from fastapi import APIRouter, Depends, Header, Request
 
-from batonq import operations
+from batonq import models
+from batonq import schemas as s
+from batonq.access import Access, queue_of, visible_task
 from batonq.errors import TaskNotFound
-from batonq.operations import task_ref
+from batonq.limits import MAX_LIST_ITEMS, MAX_QUEUES_PER_LIST
+from batonq.models import task_ref
 from batonq.rings import WORKER
-from batonq.service import schemas as s
-from batonq.service.auth import Principal, require
-from batonq.service.body import MAX_LIST_ITEMS, JsonRoute
+from batonq.service.auth import require
+from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
-from batonq.service.reads import visible_task
 from batonq.service.state import client_of, metrics_of, new_queues, open_per_key
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
-Worker = Annotated[Principal, Depends(require(WORKER))]
-MAX_QUEUES_PER_ENQUEUE = 100
-"""The most queues one list enqueue may name (each new one is created)."""
+Worker = Annotated[Access, Depends(require(WORKER))]
 
 
 
 
-def token_queue(principal: Principal, lease_token: str) -> str:
-    """The queue a lease token names, which the key must cover."""
-    queue, _, rest = lease_token.partition("/")
-    if not rest:
-        raise ApiError(400, "invalid_token", "malformed lease token: use the lease_token returned by claim")
-    principal.check_queue(queue)
-    return queue
-
-
-async def lease_tokens(request: Request, principal: Principal, bodies: Sequence[s.LeaseRef]) -> list[str]:
+async def lease_tokens(request: Request, access: Access, bodies: Sequence[s.LeaseRef]) -> list[str]:
     """Each write's lease token: the one it sent, or the one its ``task_id``
     and ``fencing_token`` name for this key. A lease another key claimed
     gets a token the engine refuses as forged; a task outside the key's
     scopes does not exist."""
     named = [(b.task_id, b.fencing_token) for b in bodies if isinstance(b, s.ByFence)]
-    found = iter(await client_of(request).lease_tokens_for_key(named, principal.key_id) if named else [])
+    found = iter(await client_of(request).lease_tokens_for_key(named, access.key_id) if named else [])
     tokens = []
     for b in bodies:
         if isinstance(b, s.ByToken):
-            token_queue(principal, b.lease_token)
+            access.check_token(b.lease_token)
             tokens.append(b.lease_token)
             continue
         token = next(found)
-        if not principal.covers(queue_of(token)):
-            ref = operations.task_id(token.split("/")[1])
+        if not access.covers(queue_of(token)):
+            ref = models.task_id(token.split("/")[1])
             raise TaskNotFound(f"task t_{ref} not found", task_id=ref)
         tokens.append(token)
     return tokens
-
-
-def queue_of(lease_token: str) -> str:
-    return lease_token.partition("/")[0]
 
 
 @router.post(
@@ -70,7 +56,7 @@ def queue_of(lease_token: str) -> str:
 async def enqueue(
     request: Request,
     body: s.EnqueueIn | list[s.EnqueueIn],
-    principal: Worker,
+    access: Worker,
     idempotency_key: Annotated[str | None, Header(max_length=512)] = None,
 ) -> s.EnqueueOut | s.EnqueueManyOut:
     """The same `idempotency_key` (field, or `Idempotency-Key` header for a single
@@ -79,16 +65,16 @@ async def enqueue(
     client = client_of(request)
     items = body if isinstance(body, list) else [body]
     for item in items:
-        principal.check_queue(item.queue)
+        access.check_queue(item.queue)
     # A parent the key cannot see does not exist for it: refused like an
     # unknown id, before anything is written.
     for parent_ref in {item.parent for item in items if item.parent is not None}:
-        await visible_task(client, principal, parent_ref)
+        await visible_task(client, access, parent_ref)
     queues = len({item.queue for item in items})
-    if queues > MAX_QUEUES_PER_ENQUEUE:
-        message = f"a list that names {queues} queues: send at most {MAX_QUEUES_PER_ENQUEUE} per request"
+    if queues > MAX_QUEUES_PER_LIST:
+        message = f"a list that names {queues} queues: send at most {MAX_QUEUES_PER_LIST} per request"
         raise ApiError(413, "too_many_queues", message)
-    await new_queues(request).check(principal, {item.queue for item in items})
+    await new_queues(request).check(access, {item.queue for item in items})
     if not isinstance(body, list):
         created = await client.enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
@@ -119,7 +105,7 @@ async def enqueue(
     summary="Claim a task (or, with max_tasks over 1, a list of them) under a lease",
 )
 async def claim(
-    request: Request, body: s.ClaimIn, principal: Worker
+    request: Request, body: s.ClaimIn, access: Worker
 ) -> s.ClaimedTask | s.NoTask | s.ClaimOut:
     """Without `max_tasks` (or with 1) the reply is the task itself: `task_id`,
     `fencing_token`, `lease_expires_in_s`, `row` (its input), then
@@ -128,12 +114,12 @@ async def claim(
     that shape (`[]` when there was none). Every write about a task presents
     its `lease_token`, or its `task_id` and `fencing_token` from this key.
     With `wait_s`, an empty queue is long-polled."""
-    principal.check_queue(body.queue)
-    release = open_per_key(request).hold(principal.key_id) if body.wait_s > 0 else None
+    access.check_queue(body.queue)
+    release = open_per_key(request).hold(access.key_id) if body.wait_s > 0 else None
     try:
         leases = await client_of(request).claim(
             body.queue, max_tasks=body.max_tasks or 1, lease_s=body.lease_s, wait_s=body.wait_s,
-            worker=body.worker or f"key-{principal.key_id}", key_id=principal.key_id,
+            worker=body.worker or f"key-{access.key_id}", key_id=access.key_id,
         )  # fmt: skip
     finally:
         if release is not None:
@@ -149,9 +135,9 @@ async def claim(
     response_model=s.HeartbeatOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) -> s.HeartbeatOut:
+async def heartbeat(request: Request, body: s.HeartbeatIn, access: Worker) -> s.HeartbeatOut:
     """Extend the lease by `lease_s` (default: the claim's) from now; optionally set `stage`."""
-    [token] = await lease_tokens(request, principal, [body])
+    [token] = await lease_tokens(request, access, [body])
     with metrics_of(request).refusals(queue_of(token)):
         beat = await client_of(request).heartbeat(token, lease_s=body.lease_s, stage=body.stage)
     assert beat.lease_expires_in_s is not None and beat.lease_expires_at is not None
@@ -173,7 +159,7 @@ async def heartbeat(request: Request, body: s.HeartbeatIn, principal: Worker) ->
 async def submit(
     request: Request,
     body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, MAX_LIST_ITEMS)],
-    principal: Worker,
+    access: Worker,
 ) -> s.SubmitOut | s.SubmitManyOut:
     """Name the lease by `lease_token`, or by `task_id` and `fencing_token`
     (accepted from the key that claimed it). A repeat of an accepted submit
@@ -184,7 +170,7 @@ async def submit(
     (`lease_lost`, `finished`) does not fail the others, nor the request."""
     client, metrics = client_of(request), metrics_of(request)
     if isinstance(body, list):
-        tokens = await lease_tokens(request, principal, body)
+        tokens = await lease_tokens(request, access, body)
         answers = await client.complete_many(
             [(token, item.result) for token, item in zip(tokens, body, strict=True)]
         )
@@ -194,7 +180,7 @@ async def submit(
             else:
                 metrics.refused.labels(answer.queue).inc()
         return s.SubmitManyOut(results=[s.SubmitResultOut.of(answer) for answer in answers])
-    [token] = await lease_tokens(request, principal, [body])
+    [token] = await lease_tokens(request, access, [body])
     queue = queue_of(token)
     with metrics.refusals(queue):
         done = await client.complete(token, body.result)
@@ -207,10 +193,10 @@ async def submit(
     response_model=s.SubmitOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitOut:
+async def fail(request: Request, body: s.FailIn, access: Worker) -> s.SubmitOut:
     """Retry after `retry_delay_s`, or after the queue's backoff when omitted;
     `requeue: false` makes the task dead now."""
-    [token] = await lease_tokens(request, principal, [body])
+    [token] = await lease_tokens(request, access, [body])
     with metrics_of(request).refusals(queue_of(token)):
         failed = await client_of(request).fail(
             token, body.error, retry_delay_s=body.retry_delay_s, requeue=body.requeue
@@ -223,9 +209,9 @@ async def fail(request: Request, body: s.FailIn, principal: Worker) -> s.SubmitO
     response_model=s.SubmitOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def release(request: Request, body: s.ReleaseIn, principal: Worker) -> s.SubmitOut:
+async def release(request: Request, body: s.ReleaseIn, access: Worker) -> s.SubmitOut:
     """Give a lease back unfinished: the task is claimable at once and the attempt is not counted."""
-    [token] = await lease_tokens(request, principal, [body])
+    [token] = await lease_tokens(request, access, [body])
     with metrics_of(request).refusals(queue_of(token)):
         released = await client_of(request).release_lease(token)
     return s.SubmitOut.of(released)

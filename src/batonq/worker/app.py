@@ -6,12 +6,12 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
-import re
 import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
+from batonq.limits import MAX_LEASE_S, MIN_LEASE_S, QUEUE_NAME
 from batonq.models import JSON
 from batonq.worker.job import AsyncJob, Job
 from batonq.worker.middleware import Middleware
@@ -23,9 +23,6 @@ AsyncHandler = Callable[[AsyncJob], Awaitable[JSON]]
 Handler = Union[SyncHandler, AsyncHandler]  # noqa: UP007 (a runtime alias: | does not apply to Callable)
 H = TypeVar("H", bound=Callable[..., Any])
 M = TypeVar("M", bound=Middleware)
-
-_QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9_.:-]{0,127}")
-
 
 def is_async(handler: Callable[..., Any]) -> bool:
     """Whether calling ``handler`` gives a coroutine (functions, methods,
@@ -86,14 +83,14 @@ class App:
 
     def add_task(self, queue: str, handler: Callable[..., Any], *, lease_s: int | None = None) -> None:
         """Register ``handler`` for ``queue`` (what ``@app.task`` does)."""
-        if not _QUEUE_NAME.fullmatch(queue):
+        if not QUEUE_NAME.fullmatch(queue):
             raise ValueError(f"invalid queue name {queue!r}")
         if queue in self.tasks:
             raise ValueError(f"queue {queue!r} already has a handler: {self.tasks[queue].handler!r}")
         if not callable(handler):
             raise TypeError(f"a handler must be callable, got {handler!r}")
-        if lease_s is not None and not 1 <= lease_s <= 3600:
-            raise ValueError("lease_s must be between 1 and 3600")
+        if lease_s is not None and not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+            raise ValueError(f"lease_s must be between {MIN_LEASE_S} and {MAX_LEASE_S}")
         self.tasks[queue] = TaskSpec(queue, handler, lease_s)
 
     def middleware(self, middleware: M) -> M:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from batonq import operations
 from batonq.client import AsyncClient
 from batonq.models import JSON, Submitted
 
@@ -53,7 +52,7 @@ class Completions:
                 if future.done():
                     continue
                 try:
-                    future.set_result(operations.accepted(reply))
+                    future.set_result(reply.or_raise())
                 except Exception as refused:
                     future.set_exception(refused)
 

@@ -17,11 +17,12 @@ import psycopg
 
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost, PayloadTooLarge
-from batonq.models import JSON, Lease, Submitted
-from batonq.operations import JsonText, task_ref
+from batonq.json_values import JsonText, json_text
+from batonq.limits import MAX_BODY_BYTES
+from batonq.models import JSON, Lease, Submitted, task_ref
 from batonq.worker.app import TaskSpec
 from batonq.worker.batching import Completions
-from batonq.worker.failure import DEFAULT_LIMIT_BYTES, Failure, failure_of, fit_text, json_text
+from batonq.worker.failure import FailArguments, failure_of, fit_text
 from batonq.worker.job import AsyncJob, BaseJob, Job
 from batonq.worker.middleware import Middleware, Outcome, run_after, run_before
 
@@ -240,14 +241,14 @@ class Execution:
             text = JsonText(json_text(result))
         except (TypeError, ValueError) as error:
             bad = ValueError(f"the handler's result is not JSON: {error}")
-            return await self._fail(bad, Failure(str(bad), requeue=False))
+            return await self._fail(bad, FailArguments(str(bad), requeue=False))
         try:
             await self._send(lambda: self._completions.complete(token, text))
         except (PayloadTooLarge, psycopg.DataError) as error:
-            return await self._fail(error, Failure(f"result refused: {error}", requeue=False))
+            return await self._fail(error, FailArguments(f"result refused: {error}", requeue=False))
         return Outcome("done", result=result, duration_s=self.duration_s)
 
-    async def _fail(self, error: BaseException, failure: Failure) -> Outcome:
+    async def _fail(self, error: BaseException, failure: FailArguments) -> Outcome:
         token = self.job.lease_token
 
         def send(text: str) -> Awaitable[Submitted]:
@@ -257,7 +258,7 @@ class Execution:
         try:
             reply = await self._send(lambda: send(failure.error))
         except PayloadTooLarge as too_large:  # the queue's limit is below the default
-            limit = int(too_large.detail.get("limit", DEFAULT_LIMIT_BYTES // 2))
+            limit = int(too_large.detail.get("limit", MAX_BODY_BYTES // 2))
             reply = await self._send(lambda: send(fit_text(failure.error, limit)))
         return Outcome("dead" if reply.state == "dead" else "retry", error=error, duration_s=self.duration_s)
 

@@ -1,46 +1,28 @@
 """What a handler's exception becomes: the error body of ``fail`` (its
-traceback text, cut to fit the queue's size limit) and how to retry."""
+message, then its traceback, cut to fit the queue's size limit) and how to
+retry."""
 
 from __future__ import annotations
 
-import json
 import traceback
 from dataclasses import dataclass
 
 from batonq.errors import PermanentError, Retry
+from batonq.json_values import json_size
+from batonq.limits import MAX_BODY_BYTES
 
-__all__ = ["DEFAULT_LIMIT_BYTES", "Failure", "failure_of", "fit_text", "json_size", "json_text"]
-
-DEFAULT_LIMIT_BYTES = 131072
-"""A queue's default ``max_body_bytes``: payload, result and error each."""
+__all__ = ["FailArguments", "failure_of", "fit_text", "message_of"]
 
 _HEAD_CHARS = 2000
 
 
 @dataclass(frozen=True, slots=True)
-class Failure:
+class FailArguments:
     """The arguments of ``fail`` for one exception."""
 
     error: str
     retry_delay_s: float | None = None
     requeue: bool = True
-
-
-# One encoder, made once: json.dumps with any non-default option makes a new
-# encoder at every call.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
-
-
-def json_text(value: object) -> str:
-    """``value`` as JSON text; TypeError or ValueError if JSON cannot hold it."""
-    if value is None:  # what most handlers return: spares the encoder's set-up per job
-        return "null"
-    return _ENCODER.encode(value)
-
-
-def json_size(value: object) -> int:
-    """The bytes ``value`` takes as JSON text, as the engine measures it."""
-    return len(json_text(value).encode())
 
 
 def fit_text(text: str, limit_bytes: int) -> str:
@@ -62,11 +44,20 @@ def fit_text(text: str, limit_bytes: int) -> str:
     return ""
 
 
-def failure_of(error: BaseException, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> Failure:
+def message_of(error: BaseException) -> str:
+    """The exception's one-line message, e.g. ``PermanentError: not an address: nobody``."""
+    name = type(error).__name__
+    text = " ".join(str(error).split())
+    return f"{name}: {text}" if text else name
+
+
+def failure_of(error: BaseException, limit_bytes: int = MAX_BODY_BYTES) -> FailArguments:
     """``Retry``: retry after its delay, with its message as the error.
     ``PermanentError``: dead now. Anything else: the queue's backoff. Both
-    of those keep the traceback text as the attempt's error."""
+    of those keep the message, then a blank line and the traceback, as the
+    attempt's error: a task's last error reads first what went wrong."""
     if isinstance(error, Retry):
-        return Failure(fit_text(f"Retry: {error.message}", limit_bytes), retry_delay_s=error.delay_s)
-    text = "".join(traceback.format_exception(error)).rstrip("\n")
-    return Failure(fit_text(text, limit_bytes), requeue=not isinstance(error, PermanentError))
+        return FailArguments(fit_text(f"Retry: {error.message}", limit_bytes), retry_delay_s=error.delay_s)
+    trace = "".join(traceback.format_exception(error)).rstrip("\n")
+    text = f"{message_of(error)}\n\n{trace}"
+    return FailArguments(fit_text(text, limit_bytes), requeue=not isinstance(error, PermanentError))

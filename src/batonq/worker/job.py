@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost
-from batonq.models import JSON, Enqueued, Lease
-from batonq.operations import task_ref
+from batonq.models import JSON, Enqueued, Lease, task_ref
 
 __all__ = ["AsyncJob", "BaseJob", "Job"]
 

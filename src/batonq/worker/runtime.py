@@ -26,6 +26,7 @@ import psycopg
 
 from batonq.client import AsyncClient
 from batonq.embedded import resolve_dsn
+from batonq.limits import MAX_LEASE_S, MIN_LEASE_S
 from batonq.listener import AsyncListener, AsyncNoListener
 from batonq.models import Lease
 from batonq.worker.app import App, TaskSpec
@@ -104,8 +105,8 @@ class Worker:
             raise ValueError("the App has no handlers: register one with @app.task(queue)")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if lease_s is not None and not 1 <= lease_s <= 3600:
-            raise ValueError("lease_s must be between 1 and 3600")
+        if lease_s is not None and not MIN_LEASE_S <= lease_s <= MAX_LEASE_S:
+            raise ValueError(f"lease_s must be between {MIN_LEASE_S} and {MAX_LEASE_S}")
         if wait_s <= 0 or grace_s < 0 or summary_s <= 0:
             raise ValueError("wait_s and summary_s must be over 0, grace_s at least 0")
         if max_tasks is not None and max_tasks < 1:

@@ -16,7 +16,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import batonq
-from batonq.bench.targets import BASELINE_SCHEMA
+from batonq.benchmark.targets import BASELINE_SCHEMA
 
 __all__ = [
     "POSTGRES_SETTINGS",

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 import batonq
-from batonq.bench.environment import (
+from batonq.benchmark.environment import (
     batonq_source,
     checkpoints,
     git_commit,
@@ -30,7 +30,7 @@ from batonq.bench.environment import (
     wal_bytes,
     wal_lsn,
 )
-from batonq.bench.targets import Baseline, Batonq, Op, Target, make_payloads
+from batonq.benchmark.targets import Baseline, Batonq, Op, Target, make_payloads
 
 __all__ = [
     "SCENARIOS",

@@ -22,7 +22,17 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from batonq import models
-from batonq.operations import task_ref
+from batonq.limits import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_S,
+    MAX_LEASE_S,
+    MAX_LIST_ITEMS,
+    MAX_QUEUE_BODY_BYTES,
+    MAX_WAIT_S,
+    MIN_LEASE_S,
+    QUEUE_NAME_PATTERN,
+)
+from batonq.models import task_ref
 
 
 def _integral(value: Any) -> Any:
@@ -61,26 +71,25 @@ TASK_ID_PATTERN = r"^(t_)?[0-9]{1,18}$"
 # the validator, or pydantic writes them into /openapi.json as unknown words.
 _Integral = BeforeValidator(_integral)
 TaskNumber = Annotated[int, Field(ge=0, le=MAX_ID), _Integral, _between(0, MAX_ID)]
-LeaseS = Annotated[int, Field(ge=1, le=3600), _Integral, _between(1, 3600)]
-Attempts = Annotated[int, Field(ge=1, le=1000), _Integral, _between(1, 1000)]
+LeaseS = Annotated[int, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S), _Integral, _between(MIN_LEASE_S, MAX_LEASE_S)]
+Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS), _Integral, _between(1, MAX_ATTEMPTS)]
 Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1), _Integral, _between(-(2**31), 2**31 - 1)]
-MaxTasks = Annotated[int, Field(ge=1, le=1000), _Integral, _between(1, 1000)]
+MaxTasks = Annotated[int, Field(ge=1, le=MAX_LIST_ITEMS), _Integral, _between(1, MAX_LIST_ITEMS)]
 RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
-BodyBytes = Annotated[int, Field(ge=1, le=104857600), _Integral, _between(1, 104857600)]
+BodyBytes = Annotated[
+    int, Field(ge=1, le=MAX_QUEUE_BODY_BYTES), _Integral, _between(1, MAX_QUEUE_BODY_BYTES)
+]
 Ring = Annotated[int, Field(ge=0, le=3), _Integral, _between(0, 3)]
 
 TaskRef = TaskNumber | Annotated[str, Field(pattern=TASK_ID_PATTERN)]
 """A task id, as ``t_5521`` or ``5521``."""
-MAX_DELAY_S = 315360000
-"""Ten years: the longest delay or backoff the API takes."""
 DelayS = Annotated[float, Field(ge=0, le=MAX_DELAY_S), _between(0, MAX_DELAY_S)]
-WaitS = Annotated[float, Field(ge=0, le=55), _between(0, 55)]
+WaitS = Annotated[float, Field(ge=0, le=MAX_WAIT_S), _between(0, MAX_WAIT_S)]
 FencingToken = Annotated[int, Field(ge=1, le=MAX_ID), _Integral, _between(1, MAX_ID)]
 
 State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
 RunState = Literal["running", "done", "failed"]
-QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_.:-]{0,127}$"
-QueueName = Field(pattern=QUEUE_PATTERN, examples=["shop:tasks"])
+QueueName = Field(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])
 
 
 def tid(value: int | None) -> str | None:

@@ -32,7 +32,7 @@ server, source, WAL and checkpoint readings, the scratch database), ``core``
 
 from __future__ import annotations
 
-from batonq.bench.core import (
+from batonq.benchmark.core import (
     SCENARIOS,
     Run,
     Scenario,
@@ -43,14 +43,14 @@ from batonq.bench.core import (
     run_scenario,
     write_report,
 )
-from batonq.bench.environment import (
+from batonq.benchmark.environment import (
     batonq_source,
     git_commit,
     machine_info,
     postgres_info,
     scratch_database,
 )
-from batonq.bench.targets import Baseline, Batonq, Target
+from batonq.benchmark.targets import Baseline, Batonq, Target
 
 __all__ = [
     "SCENARIOS",

@@ -1,0 +1,172 @@
+"""Who is asking, and what they may touch: an API key's ring and queue scopes.
+
+The HTTP API, the MCP server and the dashboard check keys, scopes and lease
+tokens here, the same way; each says a refusal in its own form (an HTTP
+error body, a tool error, a sign-in page).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, replace
+
+from batonq import models
+from batonq.client import AsyncClient
+from batonq.errors import TaskNotFound
+from batonq.models import Task
+from batonq.rings import ADMIN, OBSERVER, RINGS, WORKER, covers
+
+__all__ = [
+    "Access",
+    "FailedAuth",
+    "Refused",
+    "authenticate",
+    "authenticate_from",
+    "queue_of",
+    "visible_task",
+]
+
+_KEY = re.compile(r"bq_([0-9]{1,18})_([0-9a-f]{64})")
+_NO_HASH = bytes(32)
+
+
+class Refused(Exception):
+    """A caller refused: ``status`` as HTTP says it (400, 401, 403, 429),
+    a ``code`` and a message; ``headers`` for an HTTP answer."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """Who is asking: a key's ring and queue scopes; ``key_id`` is 0 (no
+    key's id) for the full access of an MCP server started without a key."""
+
+    ring: int = ADMIN
+    queues: tuple[str, ...] = ("*",)
+    key_id: int = 0
+
+    @property
+    def can_write(self) -> bool:
+        """Rings 0-2 may enqueue, claim and submit; ring 3 only reads."""
+        return self.ring <= WORKER
+
+    def read_only(self) -> Access:
+        return replace(self, ring=max(self.ring, OBSERVER))
+
+    def covers(self, queue: str) -> bool:
+        return covers(self.queues, queue)
+
+    def check_queue(self, queue: str) -> None:
+        """403 unless the key's scopes cover ``queue`` (whether it exists or not)."""
+        if not self.covers(queue):
+            raise Refused(403, "forbidden", f"this key may not use queue {queue!r}")
+
+    def check_ring(self, ring: int) -> None:
+        """403 unless the key is of ``ring`` or stronger."""
+        if self.ring > ring:
+            raise Refused(403, "forbidden", f"this needs a key of ring {ring} ({RINGS[ring]}) or stronger")
+
+    def check_token(self, lease_token: str) -> str:
+        """The queue ``lease_token`` names (``queue/task/fence/secret``),
+        which the key must cover; 400 for a token that names none."""
+        if not lease_token.partition("/")[2]:
+            message = "malformed lease token: use the lease_token returned by claim"
+            raise Refused(400, "invalid_token", message)
+        queue = queue_of(lease_token)
+        self.check_queue(queue)
+        return queue
+
+
+def queue_of(lease_token: str) -> str:
+    """The queue a lease token (``queue/task/fence/secret``) names."""
+    return lease_token.partition("/")[0]
+
+
+def _unauthorized(message: str) -> Refused:
+    return Refused(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+async def authenticate(client: AsyncClient, header: str | None) -> Access:
+    """The access of the key in an ``Authorization: Bearer bq_…`` header; 401 otherwise."""
+    scheme, _, key = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise _unauthorized("send an API key: Authorization: Bearer bq_…")
+    match = _KEY.fullmatch(key.strip())
+    if match is None:
+        raise _unauthorized("invalid API key")
+    auth = await client.key_for_auth(int(match[1]))
+    presented = hashlib.sha256(match[2].encode()).digest()
+    stored = auth.secret_hash if auth is not None else _NO_HASH
+    # Compared in constant time, and compared even for unknown ids.
+    if not hmac.compare_digest(presented, stored) or auth is None or auth.revoked:
+        raise _unauthorized("invalid or revoked API key")
+    return Access(auth.ring, tuple(auth.queues), int(match[1]))
+
+
+class FailedAuth:
+    """Failed authentications per client address, over a sliding window:
+    an address with ``limit`` failures in the last ``window_s`` seconds gets
+    429 for every request (whatever key it sends) until the oldest leaves the
+    window. At most ``addresses`` addresses are tracked, the least recent
+    dropped first, so a flood of sources cannot grow memory."""
+
+    def __init__(self, limit: int = 100, window_s: float = 60.0, addresses: int = 10_000) -> None:
+        self.limit, self.window_s, self.addresses = limit, window_s, addresses
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, address: str, now: float) -> deque[float]:
+        failures = self._failures.get(address, deque())
+        while failures and failures[0] <= now - self.window_s:
+            failures.popleft()
+        return failures
+
+    def check(self, address: str) -> None:
+        """429 if ``address`` is over the limit."""
+        now = time.monotonic()
+        failures = self._recent(address, now)
+        if len(failures) >= self.limit:
+            retry_after = max(1, math.ceil(failures[-self.limit] + self.window_s - now))
+            raise Refused(429, "too_many_failures",
+                          f"too many failed authentications from this address; try again in {retry_after} s",
+                          headers={"Retry-After": str(retry_after)})  # fmt: skip
+
+    def failed(self, address: str) -> None:
+        failures = self._recent(address, time.monotonic())
+        failures.append(time.monotonic())
+        self._failures[address] = failures
+        self._failures.move_to_end(address)
+        while len(self._failures) > self.addresses:
+            self._failures.popitem(last=False)
+
+
+async def authenticate_from(
+    failed: FailedAuth, address: str, client: AsyncClient, header: str | None
+) -> Access:
+    """``authenticate``, under ``failed``'s limit for the client's ``address``."""
+    failed.check(address)
+    try:
+        return await authenticate(client, header)
+    except Refused:
+        failed.failed(address)
+        raise
+
+
+async def visible_task(client: AsyncClient, access: Access, task_id: int | str) -> Task:
+    """The task, if the key covers its queue; otherwise it does not exist:
+    the same 404, word for word, as for an id nobody has."""
+    ref = models.task_id(task_id)
+    try:
+        task = await client.task(ref)
+    except TaskNotFound:
+        task = None
+    if task is None or not access.covers(task.queue):
+        raise TaskNotFound(f"task t_{ref} not found", task_id=ref)
+    return task
