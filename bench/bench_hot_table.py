@@ -26,12 +26,18 @@ Designs:
   (a small table of its own, indexed by expiry) and picks tasks that have
   none. complete DELETEs the task and its lease. With no write on the task
   row, two claims can pick the same task; the lease's primary key makes
-  the later one wait and skip it.
+  the later one wait and skip it, and complete must lock the task rows
+  before it deletes their leases, or a claim and a complete deadlock.
 - ``rotate``: PgQ's idea. Tasks go into one of two generations (a level of
   list partitions); complete marks the row done in place and copies it to
   the archive; every few seconds inserts move to the other generation, and
   an old generation whose rows are all finished is emptied by TRUNCATE, so
   no finished or dead row waits for VACUUM.
+- ``rotate_named``: rotate with every statement naming its generation's
+  table (one set of statements per generation, the draining one read
+  first), so a plan locks only the generations it reads; the draining
+  generation is locked, found empty of live rows and truncated in one
+  transaction.
 - ``append``: the floor, PgQ's consumer model with no per-task state:
   events are only appended, consumers take the ids after a cursor row and
   copy what they finished to the archive. No fencing, retries or
@@ -54,6 +60,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -237,6 +244,10 @@ LANGUAGE plpgsql SET plan_cache_mode = auto SET jit = off AS $$
 DECLARE
     v_n integer;
 BEGIN
+    -- The task rows first, as the claim locks them: a claim that read before
+    -- a lease was deleted waits here for nothing, instead of deadlocking
+    -- on the lease row this call deletes.
+    PERFORM FROM tasks t WHERE t.queue = p_queue AND t.id = ANY (p_ids) ORDER BY t.id FOR UPDATE;
     WITH input AS MATERIALIZED (
         SELECT * FROM unnest(p_ids, p_tokens, p_secrets) AS u(id, fence, secret)
     ), gone AS (
@@ -263,7 +274,7 @@ ROTATE = f"""
 {COMMON}
 CREATE TABLE generation (current integer NOT NULL);
 INSERT INTO generation VALUES (0);
-CREATE TABLE tasks ({COLUMNS}, gen integer NOT NULL DEFAULT 0, PRIMARY KEY (gen, id, queue))
+CREATE TABLE tasks ({COLUMNS}, gen integer NOT NULL DEFAULT 0, PRIMARY KEY (id, queue, gen))
     PARTITION BY LIST (gen);
 CREATE TABLE tasks_g0 PARTITION OF tasks FOR VALUES IN (0) PARTITION BY HASH (queue);
 CREATE TABLE tasks_g1 PARTITION OF tasks FOR VALUES IN (1) PARTITION BY HASH (queue);
@@ -288,7 +299,7 @@ BEGIN
         SELECT * FROM unnest(p_ids, p_tokens, p_secrets) AS u(id, fence, secret)
     ), moved AS (
         UPDATE tasks t SET state = 'done' FROM input i
-         WHERE t.queue = p_queue AND t.id = i.id AND t.fencing_token = i.fence
+         WHERE t.queue = p_queue AND t.id = ANY (p_ids) AND t.id = i.id AND t.fencing_token = i.fence
            AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
         RETURNING t.*
     ), archived AS (
@@ -303,6 +314,103 @@ BEGIN
 END $$;
 CREATE FUNCTION enqueue_gen() RETURNS integer LANGUAGE sql STABLE
 BEGIN ATOMIC SELECT current FROM generation; END;
+CREATE FUNCTION maintain() RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1; END;
+"""
+
+
+def _claim_from(table: str) -> str:
+    """The claim's statements on one generation's table, named outright."""
+    return f"""
+        IF EXISTS (SELECT FROM {table} WHERE queue = p_queue AND state = 'leased'
+                    AND lease_expires_at < now()) THEN
+            RAISE NOTICE 'expired';
+        END IF;
+        RETURN QUERY
+        WITH picked AS MATERIALIZED (
+            SELECT id FROM {table}
+             WHERE queue = p_queue AND state = 'pending' AND run_at <= now()
+             ORDER BY priority DESC, run_at, id
+             LIMIT p_max - v_got FOR UPDATE SKIP LOCKED
+        )
+        UPDATE {table} t SET state = 'leased', attempts = t.attempts + 1,
+               fencing_token = nextval('fencing_seq'), lease_secret = gen_random_uuid(),
+               lease_expires_at = now() + interval '300 s', claimed_at = now(), worker = p_worker
+         WHERE t.queue = p_queue AND t.id = ANY (ARRAY(SELECT id FROM picked))
+        RETURNING t.id, t.fencing_token, t.lease_secret, t.payload;
+        GET DIAGNOSTICS v_n = ROW_COUNT;"""
+
+
+def _complete_in(table: str) -> str:
+    """complete_many's statement on one generation's table, named outright."""
+    return f"""
+        WITH input AS MATERIALIZED (
+            SELECT * FROM unnest(p_ids, p_tokens, p_secrets) AS u(id, fence, secret)
+        ), moved AS (
+            UPDATE {table} t SET state = 'done' FROM input i
+             WHERE t.queue = p_queue AND t.id = ANY (p_ids) AND t.id = i.id AND t.fencing_token = i.fence
+               AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
+            RETURNING t.*
+        ), archived AS (
+            INSERT INTO archive
+            SELECT m.id, m.queue, m.state, m.priority, m.run_at, m.created_at, m.payload, m.attempts,
+                   m.max_attempts, m.fencing_token, m.lease_secret, m.lease_expires_at, m.claimed_at,
+                   m.worker, '{{"ok": true}}'::jsonb, now()
+              FROM moved m RETURNING 1
+        )
+        SELECT count(*) INTO v_n FROM archived;"""
+
+
+# rotate, with every statement naming its generation's table: a plan then
+# locks only that generation, and a generation that is retired (no live
+# row, no statement reading it) can be locked and emptied at once.
+ROTATE_NAMED = f"""
+{COMMON}
+CREATE TABLE generations (gen integer PRIMARY KEY, phase text NOT NULL);
+INSERT INTO generations VALUES (0, 'current'), (1, 'retired');
+CREATE TABLE tasks ({COLUMNS}, gen integer NOT NULL, PRIMARY KEY (id, queue, gen))
+    PARTITION BY LIST (gen);
+CREATE TABLE tasks_g0 PARTITION OF tasks FOR VALUES IN (0) PARTITION BY HASH (queue);
+CREATE TABLE tasks_g1 PARTITION OF tasks FOR VALUES IN (1) PARTITION BY HASH (queue);
+{_hash_partitions("tasks_g0")}
+{_hash_partitions("tasks_g1")}
+CREATE INDEX tasks_claim_idx ON tasks (queue, priority DESC, run_at, id) WHERE state = 'pending';
+CREATE INDEX tasks_lease_idx ON tasks (queue, lease_expires_at) WHERE state = 'leased';
+CREATE FUNCTION enqueue_gen() RETURNS integer LANGUAGE sql STABLE
+BEGIN ATOMIC SELECT gen FROM generations WHERE phase = 'current'; END;
+-- The draining generation first: its tasks are the older ones.
+CREATE FUNCTION claim(p_queue text, p_worker text, p_max integer)
+RETURNS TABLE (id bigint, fencing_token bigint, lease_secret uuid, payload jsonb)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_gen integer;
+    v_got integer := 0;
+    v_n   integer;
+BEGIN
+    FOR v_gen IN SELECT gen FROM generations WHERE phase <> 'retired' ORDER BY phase = 'current' LOOP
+        EXIT WHEN v_got >= p_max;
+        IF v_gen = 0 THEN {_claim_from("tasks_g0")}
+        ELSE {_claim_from("tasks_g1")}
+        END IF;
+        v_got := v_got + v_n;
+    END LOOP;
+END $$;
+CREATE FUNCTION complete_many(p_queue text, p_ids bigint[], p_tokens bigint[], p_secrets uuid[])
+RETURNS integer
+LANGUAGE plpgsql SET plan_cache_mode = auto SET jit = off AS $$
+DECLARE
+    v_gen   integer;
+    v_n     integer;
+    v_total integer := 0;
+BEGIN
+    FOR v_gen IN SELECT gen FROM generations WHERE phase <> 'retired' LOOP
+        IF v_gen = 0 THEN {_complete_in("tasks_g0")}
+        ELSE {_complete_in("tasks_g1")}
+        END IF;
+        v_total := v_total + v_n;
+    END LOOP;
+    RETURN v_total;
+END $$;
 CREATE FUNCTION maintain() RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1; END;
 """
 
@@ -353,12 +461,20 @@ END $$;
 CREATE FUNCTION maintain() RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1; END;
 """
 
-DESIGNS = {"today": TODAY, "hot": HOT, "leases": LEASES, "rotate": ROTATE, "append": APPEND}
+DESIGNS = {
+    "today": TODAY,
+    "hot": HOT,
+    "leases": LEASES,
+    "rotate": ROTATE,
+    "rotate_named": ROTATE_NAMED,
+    "append": APPEND,
+}
 HOT_RELATIONS = {
     "today": "relname ~ '^tasks_p'",
     "hot": "relname ~ '^tasks_p'",
     "leases": "(relname ~ '^tasks_p' OR relname = 'leases')",
     "rotate": "relname ~ '^tasks_g[01]_p'",
+    "rotate_named": "relname ~ '^tasks_g[01]_p'",
     "append": "relname IN ('tasks', 'cursors')",
 }
 
@@ -368,8 +484,8 @@ HOT_RELATIONS = {
 
 
 def produce(dsn: str, design: str, counts: dict[str, int], stop: threading.Event) -> None:
-    gen = ", gen" if design == "rotate" else ""
-    gen_value = ", enqueue_gen()" if design == "rotate" else ""
+    gen = ", gen" if design.startswith("rotate") else ""
+    gen_value = ", enqueue_gen()" if design.startswith("rotate") else ""
     insert = f"INSERT INTO tasks (queue, payload{gen}) SELECT %s, p{gen_value} FROM unnest(%s::jsonb[]) AS p"
     with psycopg.connect(dsn, autocommit=True) as conn:
         while not stop.is_set():
@@ -395,13 +511,19 @@ def consume(dsn: str, name: str, counts: dict[str, int], lock: threading.Lock, s
                 counts["done"] += len(rows)
 
 
-def maintain(dsn: str, design: str, stop: threading.Event) -> None:
+def maintain(dsn: str, design: str, counts: dict[str, int], stop: threading.Event) -> None:
     """Once a second what the design needs besides autovacuum; for rotate,
     every ROTATE_S seconds a switch of generation and a TRUNCATE of the old
     one once it holds no live row."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         last_rotation = time.monotonic()
         while not stop.wait(1.0):
+            if design == "rotate_named":
+                if retire_named(conn):
+                    counts["truncates"] += 1
+                elif time.monotonic() - last_rotation >= ROTATE_S and swap_named(conn):
+                    last_rotation = time.monotonic()
+                continue
             if design != "rotate":
                 conn.execute("SELECT maintain()")
                 continue
@@ -424,10 +546,52 @@ def maintain(dsn: str, design: str, stop: threading.Event) -> None:
                     try:
                         conn.execute("SET lock_timeout = '100ms'")
                         conn.execute(f"TRUNCATE tasks_g{old}")
+                        counts["truncates"] += 1
                         break
                     except psycopg.errors.LockNotAvailable:
                         pass
                 time.sleep(0.05)
+
+
+def swap_named(conn: psycopg.Connection[Any]) -> bool:
+    """New tasks go to the retired (empty) generation; the current one
+    drains. Only once the last draining generation was retired."""
+    with conn.transaction():
+        row = conn.execute("SELECT count(*) FROM generations WHERE phase = 'draining'").fetchone()
+        if row is None or row[0]:
+            return False
+        conn.execute(
+            "UPDATE generations SET phase = CASE phase WHEN 'current' THEN 'draining' ELSE 'current' END"
+        )
+    return True
+
+
+def retire_named(conn: psycopg.Connection[Any]) -> bool:
+    """Empty the draining generation once it holds no live row: looked at
+    once without a lock, then again under the lock, so no transaction that
+    could still add or change a row in it is running when it is emptied; a
+    short lock_timeout, so the claims queued behind the lock wait at most
+    that long."""
+    row = conn.execute("SELECT gen FROM generations WHERE phase = 'draining'").fetchone()
+    if row is None:
+        return False
+    table = f"tasks_g{int(row[0])}"
+    live_sql = f"SELECT EXISTS (SELECT FROM {table} WHERE state IN ('pending', 'leased'))"
+    live = conn.execute(live_sql).fetchone()
+    if live is None or live[0]:
+        return False  # not yet: no lock taken, no claim held up
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '100ms'")
+            conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            live = conn.execute(live_sql).fetchone()
+            if live is None or live[0]:
+                return False
+            conn.execute("UPDATE generations SET phase = 'retired' WHERE gen = %s", (int(row[0]),))
+            conn.execute(f"TRUNCATE {table}")
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return True
 
 
 def hot_stats(conn: psycopg.Connection[Any], design: str) -> dict[str, int]:
@@ -450,28 +614,41 @@ def run_design(admin_dsn: str, postmaster: int, design: str, seconds: float) -> 
     dsn = with_db(admin_dsn, dbname)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(DESIGNS[design])
-    counts = {"enqueued": 0, "done": 0}
+    counts = {"enqueued": 0, "done": 0, "truncates": 0}
     lock, stop = threading.Lock(), threading.Event()
+    failures: list[BaseException] = []
+
+    def guarded(target: Callable[..., None], *args: Any) -> threading.Thread:
+        """A thread whose error ends the run and fails the script: a design
+        that lost a consumer would be measured at half its load."""
+
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as error:
+                failures.append(error)
+                stop.set()
+                raise
+
+        return threading.Thread(target=run)
+
     threads = [
-        threading.Thread(target=produce, args=(dsn, design, counts, stop)),
-        threading.Thread(target=maintain, args=(dsn, design, stop)),
-        *(
-            threading.Thread(target=consume, args=(dsn, f"c{i}", counts, lock, stop))
-            for i in range(CONSUMERS)
-        ),
+        guarded(produce, dsn, design, counts, stop),
+        guarded(maintain, dsn, design, counts, stop),
+        *(guarded(consume, dsn, f"c{i}", counts, lock, stop) for i in range(CONSUMERS)),
     ]
     for thread in threads:
         thread.start()
     dead_peak = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         deadline = time.monotonic() + 30
-        while counts["done"] < PENDING and time.monotonic() < deadline:
+        while counts["done"] < PENDING and time.monotonic() < deadline and not failures:
             time.sleep(0.05)
         before = hot_stats(conn, design)
         cpu0, done0, t0 = cluster_cpu_s(postmaster), counts["done"], time.monotonic()
         halves: list[float] = []
         mark_done, mark_t = done0, t0
-        while (now := time.monotonic()) < t0 + seconds:
+        while (now := time.monotonic()) < t0 + seconds and not failures:
             time.sleep(min(1.0, t0 + seconds - now))
             dead_peak = max(dead_peak, hot_stats(conn, design)["dead"])
             if not halves and time.monotonic() >= t0 + seconds / 2:
@@ -484,6 +661,8 @@ def run_design(admin_dsn: str, postmaster: int, design: str, seconds: float) -> 
             thread.join(30)
         time.sleep(1.0)  # the closed sessions' statistics reach the views
         after = hot_stats(conn, design)
+    if failures:
+        raise RuntimeError(f"{design}: a load thread failed") from failures[0]
     tasks = done1 - done0
     diff = {k: after[k] - before[k] for k in after}
     return {
@@ -497,6 +676,7 @@ def run_design(admin_dsn: str, postmaster: int, design: str, seconds: float) -> 
         "dead_peak": dead_peak,
         "wal_bytes_per_task": round(diff["wal"] / tasks),
         "autovacuums": diff["autovacuums"],
+        "truncates": counts["truncates"],
     }
 
 
