@@ -314,7 +314,6 @@ BEGIN
 END $$;
 CREATE FUNCTION enqueue_gen() RETURNS integer LANGUAGE sql STABLE
 BEGIN ATOMIC SELECT current FROM generation; END;
-CREATE FUNCTION maintain() RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1; END;
 """
 
 
@@ -411,7 +410,6 @@ BEGIN
     END LOOP;
     RETURN v_total;
 END $$;
-CREATE FUNCTION maintain() RETURNS void LANGUAGE sql BEGIN ATOMIC SELECT 1; END;
 """
 
 # The floor: PgQ's consumer model without per-task leases. Events are only
@@ -534,23 +532,37 @@ def maintain(dsn: str, design: str, counts: dict[str, int], stop: threading.Even
             assert row is not None
             old = int(row[0])
             conn.execute("UPDATE generation SET current = 1 - current")
-            # Wait until nothing live is left in the old generation, then empty it.
             deadline = time.monotonic() + ROTATE_S
             while time.monotonic() < deadline and not stop.is_set():
-                live = conn.execute(
-                    f"SELECT EXISTS (SELECT FROM tasks_g{old}"
-                    "                 WHERE queue = %s AND state IN ('pending', 'leased'))",
-                    (QUEUE,),
-                ).fetchone()
-                if live is not None and not live[0]:
-                    try:
-                        conn.execute("SET lock_timeout = '100ms'")
-                        conn.execute(f"TRUNCATE tasks_g{old}")
-                        counts["truncates"] += 1
-                        break
-                    except psycopg.errors.LockNotAvailable:
-                        pass
+                if truncate_if_drained(conn, f"tasks_g{old}"):
+                    counts["truncates"] += 1
+                    break
                 time.sleep(0.05)
+
+
+def truncate_if_drained(conn: psycopg.Connection[Any], table: str, *before: str) -> bool:
+    """Empty a generation's table once it holds no live row: looked at once
+    without a lock, then again under the lock, so no transaction that could
+    still add or change a row in it is running when it is emptied (the
+    statements ``before`` run first under the lock); a short lock_timeout,
+    so the claims queued behind the lock wait at most that long."""
+    live_sql = f"SELECT EXISTS (SELECT FROM {table} WHERE state IN ('pending', 'leased'))"
+    live = conn.execute(live_sql).fetchone()
+    if live is None or live[0]:
+        return False  # not yet: no lock taken, no claim held up
+    try:
+        with conn.transaction():
+            conn.execute("SET LOCAL lock_timeout = '100ms'")
+            conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            live = conn.execute(live_sql).fetchone()
+            if live is None or live[0]:
+                return False
+            for statement in before:
+                conn.execute(statement)
+            conn.execute(f"TRUNCATE {table}")
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return True
 
 
 def swap_named(conn: psycopg.Connection[Any]) -> bool:
@@ -567,31 +579,14 @@ def swap_named(conn: psycopg.Connection[Any]) -> bool:
 
 
 def retire_named(conn: psycopg.Connection[Any]) -> bool:
-    """Empty the draining generation once it holds no live row: looked at
-    once without a lock, then again under the lock, so no transaction that
-    could still add or change a row in it is running when it is emptied; a
-    short lock_timeout, so the claims queued behind the lock wait at most
-    that long."""
+    """Retire and empty the draining generation once it holds no live row."""
     row = conn.execute("SELECT gen FROM generations WHERE phase = 'draining'").fetchone()
     if row is None:
         return False
-    table = f"tasks_g{int(row[0])}"
-    live_sql = f"SELECT EXISTS (SELECT FROM {table} WHERE state IN ('pending', 'leased'))"
-    live = conn.execute(live_sql).fetchone()
-    if live is None or live[0]:
-        return False  # not yet: no lock taken, no claim held up
-    try:
-        with conn.transaction():
-            conn.execute("SET LOCAL lock_timeout = '100ms'")
-            conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
-            live = conn.execute(live_sql).fetchone()
-            if live is None or live[0]:
-                return False
-            conn.execute("UPDATE generations SET phase = 'retired' WHERE gen = %s", (int(row[0]),))
-            conn.execute(f"TRUNCATE {table}")
-    except psycopg.errors.LockNotAvailable:
-        return False
-    return True
+    gen = int(row[0])
+    return truncate_if_drained(
+        conn, f"tasks_g{gen}", f"UPDATE generations SET phase = 'retired' WHERE gen = {gen}"
+    )
 
 
 def hot_stats(conn: psycopg.Connection[Any], design: str) -> dict[str, int]:
