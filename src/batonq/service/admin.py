@@ -23,7 +23,6 @@ KeyId = Annotated[int, Path(ge=1, le=s.MAX_ID)]
 QueuePath = Annotated[str, Path(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])]
 
 
-
 @router.post(
     "/tasks/{task_id}/{action}", response_model=s.TaskOut, summary="retry, cancel, hold or release a task"
 )

@@ -64,7 +64,6 @@ _CHECKED = json.JSONDecoder(
 )
 
 
-
 def parse(body: bytes) -> Any:
     """The body's JSON value, or ``BodyNotJson`` saying what is wrong.
     ``json.JSONDecodeError`` (malformed JSON) goes through as it is."""

@@ -26,7 +26,6 @@ QUEUES_PAGE = MAX_PAGE
 TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 
 
-
 @router.get(
     "/queues", response_model=s.QueuesOut, summary="Tasks per state and oldest pending age, per queue"
 )

@@ -25,8 +25,6 @@ router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route
 Worker = Annotated[Access, Depends(require(WORKER))]
 
 
-
-
 async def lease_tokens(request: Request, access: Access, bodies: Sequence[s.LeaseRef]) -> list[str]:
     """Each write's lease token: the one it sent, or the one its ``task_id``
     and ``fencing_token`` name for this key. A lease another key claimed
