@@ -95,12 +95,12 @@ def test_a_repeated_firing_call_enqueues_nothing_more(
 def test_each_tick_fires_once_across_three_processes_one_killed(
     dsn: str, admin: batonq.Client, sql: psycopg.Connection[Any]
 ) -> None:
-    admin.add_schedule("pulse", EVERY_SECOND, "pulses", {"beat": True})
     firers = [Worker("sweep", dsn, "0.25", "3") for _ in range(3)]
     try:
         for firer in firers:
             assert firer.read_line(30) == "ready"
         leader = wait_for(lambda: _leader(firers), timeout=30, what="a leader")
+        admin.add_schedule("pulse", EVERY_SECOND, "pulses", {"beat": True})
         time.sleep(15)  # the run itself: half of the 30 s
         assert leader.sigkill() != 0
         others = [f for f in firers if f is not leader]
@@ -138,9 +138,10 @@ def _leader(firers: Iterable[Worker]) -> Worker | None:
 def test_an_outage_honours_the_missed_tick_setting(
     dsn: str, admin: batonq.Client, sql: psycopg.Connection[Any], missed: str
 ) -> None:
-    admin.add_schedule("beat", EVERY_SECOND, "beats", missed=missed)
     with Worker("sweep", dsn, "0.25", "1") as first:
         assert first.read_line(30) == "ready"
+        assert first.read_line(30) == "leader"
+        admin.add_schedule("beat", EVERY_SECOND, "beats", missed=missed)
         wait_for(lambda: _ticks(sql, "beat"), timeout=30, what="a first firing")
         time.sleep(2)
         first.sigkill()
