@@ -10,6 +10,8 @@ Usage::
             client.complete(lease.lease_token, {"shipped": True})
 """
 
+import importlib.metadata
+
 from batonq.client import AsyncClient, connect_async
 from batonq.client_sync import Client, connect
 from batonq.errors import (
@@ -50,7 +52,8 @@ from batonq.models import (
 from batonq.sweeper import Sweeper
 from batonq.worker import App, AsyncJob, BaseJob, Job, Middleware, Outcome, Worker
 
-__version__ = "0.1.0"
+# pyproject.toml holds the version; the installed package's metadata carries it.
+__version__ = importlib.metadata.version("batonq")
 
 __all__ = [
     "App",

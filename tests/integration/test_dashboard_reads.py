@@ -1,4 +1,4 @@
-"""The engine's reads behind the dashboard (0011_dashboard.sql), as the
+"""The engine's reads behind the dashboard (engine/dashboard.sql), as the
 reader role: scopes applied in SQL match the keys' glob patterns exactly,
 pages and filters return what they say, scorecards count per worker."""
 

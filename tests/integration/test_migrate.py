@@ -3,9 +3,7 @@ roles get nothing but the functions."""
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import re
 import subprocess
 import threading
 import uuid
@@ -15,11 +13,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from tests.catalog import snapshot
 from tests.conftest import with_db
 
 import batonq
 from batonq import models
-from batonq.migrate import Migration, migrations, pending
+from batonq.migrate import ENGINE, Migration, migrations, pending, script
 
 SQL_DIR = Path(models.__file__).resolve().parent / "sql"
 PSQL = "/usr/bin/psql"
@@ -52,50 +51,16 @@ def shipped() -> list[tuple[int, str]]:
     return [(m.version, m.name) for m in migrations()]
 
 
-def _undated(name: str) -> str:
-    """Day partitions are named by date: compare them by shape."""
-    return re.sub(r"_\d{8}$", "_YYYYMMDD", name)
-
-
-def schema_of(dsn: str) -> dict[str, Any]:
-    """What batonq put in a database: relations, columns, functions, grants."""
-    with psycopg.connect(dsn) as conn:
-        relations = conn.execute(
-            """SELECT c.relname, c.relkind::text, coalesce(c.relacl::text, '')
-                 FROM pg_class c WHERE c.relnamespace = 'batonq'::regnamespace"""
-        ).fetchall()
-        columns = conn.execute(
-            """SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
-                 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-                WHERE c.relnamespace = 'batonq'::regnamespace AND c.relkind IN ('r', 'p', 'c', 'v')
-                  AND a.attnum > 0 AND NOT a.attisdropped"""
-        ).fetchall()
-        functions = conn.execute(
-            """SELECT p.oid::regprocedure::text, p.prosecdef, coalesce(p.proacl::text, ''),
-                      coalesce(p.proconfig::text, ''), md5(p.prosrc)
-                 FROM pg_proc p WHERE p.pronamespace = 'batonq'::regnamespace"""
-        ).fetchall()
-        types = conn.execute(
-            "SELECT t.typname FROM pg_type t WHERE t.typnamespace = 'batonq'::regnamespace"
-        ).fetchall()
-    return {
-        "relations": collections.Counter((_undated(n), k, acl) for n, k, acl in relations),
-        "columns": collections.Counter((_undated(n), *rest) for n, *rest in columns),
-        "functions": sorted(functions),
-        "types": collections.Counter(_undated(n) for (n,) in types),
-    }
-
-
 def test_migrate_twice_is_a_no_op(empty_db: Callable[[], str]) -> None:
     dsn = empty_db()
     assert pending(dsn) == migrations()
     first = batonq.migrate(dsn)
     assert [(m.version, m.name) for m in first] == shipped()
-    before = schema_of(dsn)
+    before = snapshot(dsn)
     assert batonq.migrate(dsn) == []
     assert pending(dsn) == []
     assert applied(dsn) == shipped()
-    assert schema_of(dsn) == before
+    assert snapshot(dsn) == before
 
 
 def test_a_database_owner_without_createrole_migrates_where_the_roles_exist(
@@ -147,7 +112,7 @@ def test_concurrent_migrations_apply_once(empty_db: Callable[[], str]) -> None:
 
     reference = empty_db()
     batonq.migrate(reference)
-    assert schema_of(dsn) == schema_of(reference)
+    assert snapshot(dsn) == snapshot(reference)
     # And the concurrently migrated database works.
     with batonq.connect(dsn) as client:
         client.enqueue("m:q", 1)
@@ -155,27 +120,44 @@ def test_concurrent_migrations_apply_once(empty_db: Callable[[], str]) -> None:
         assert client.complete(lease.lease_token, 2).outcome == "accepted"
 
 
-def test_psql_files_match_migrate(empty_db: Callable[[], str]) -> None:
-    by_psql, by_migrate = empty_db(), empty_db()
-    files = sorted(SQL_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))
-    assert [f.name for f in files] == [f"{v:04d}_{n}.sql" for v, n in shipped()]
-    for file in files:
-        run = subprocess.run(
-            [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", by_psql, "-f", str(file)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert run.returncode == 0, f"{file.name}: {run.stderr}"
-        assert "ERROR" not in run.stderr, run.stderr
+def _psql(dsn: str, file: Path) -> None:
+    run = subprocess.run(
+        [PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, f"{file.name}: {run.stderr}"
+    assert "ERROR" not in run.stderr, run.stderr
+
+
+def test_the_sql_directories_hold_what_migrate_applies() -> None:
+    migration_files = sorted(p.name for p in (SQL_DIR / "migrations").iterdir())
+    assert migration_files == [f"{v:04d}_{n}.sql" for v, n in shipped()]
+    assert sorted(p.name for p in (SQL_DIR / "engine").iterdir()) == sorted(f"{name}.sql" for name in ENGINE)
+    assert not list(SQL_DIR.glob("*.sql")), "SQL goes in migrations/ or engine/"
+
+
+def test_psql_files_match_migrate(empty_db: Callable[[], str], tmp_path: Path) -> None:
+    """The files one by one, or the one script of --print-sql, by psql give
+    what batonq migrate gives, and migrate then finds nothing pending."""
+    by_files, by_script, by_migrate = empty_db(), empty_db(), empty_db()
+    for version, name in shipped():
+        _psql(by_files, SQL_DIR / "migrations" / f"{version:04d}_{name}.sql")
+    for name in ENGINE:
+        _psql(by_files, SQL_DIR / "engine" / f"{name}.sql")
+    (tmp_path / "batonq.sql").write_text(script())
+    _psql(by_script, tmp_path / "batonq.sql")
     batonq.migrate(by_migrate)
 
-    assert applied(by_psql) == applied(by_migrate) == shipped()
-    assert batonq.migrate(by_psql) == [], "migrate sees a psql-applied schema as current"
-    psql_schema, migrate_schema = schema_of(by_psql), schema_of(by_migrate)
-    assert psql_schema["functions"] == migrate_schema["functions"]
-    assert psql_schema == migrate_schema
-    assert len(psql_schema["functions"]) > 20
+    assert applied(by_files) == applied(by_script) == applied(by_migrate) == shipped()
+    assert pending(by_files) == pending(by_script) == []
+    reference = snapshot(by_migrate)
+    assert len(reference["functions"]) > 20
+    assert snapshot(by_files) == reference
+    assert snapshot(by_script) == reference
+    assert batonq.migrate(by_script) == [], "migrate sees a psql-applied schema as current"
+    assert snapshot(by_script) == reference
 
 
 COMPOSITES = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from batonq.cli.common import EXIT_ERROR, resolved_dsn
-from batonq.migrate import Migration, migrations, pending
+from batonq.migrate import Migration, pending, script
 from batonq.migrate import migrate as apply_migrations
 
 __all__ = ["migrate"]
@@ -16,11 +16,11 @@ __all__ = ["migrate"]
 @click.option(
     "--print-sql",
     is_flag=True,
-    help="Print every migration as one transaction for psql, and touch no database.",
+    help="Print every migration and the engine as one transaction for psql, and touch no database.",
 )
 @click.pass_context
 def migrate(ctx: click.Context, check: bool, print_sql: bool) -> None:
-    """Apply the pending migrations (safe to run from several places at once).
+    """Apply the pending migrations and the engine (safe from several places at once).
 
     \b
     Examples:
@@ -29,7 +29,7 @@ def migrate(ctx: click.Context, check: bool, print_sql: bool) -> None:
       batonq migrate --print-sql | psql "$DATABASE_URL"
     """
     if print_sql:
-        _print_sql()
+        click.echo(script(), nl=False)
         return
     dsn = resolved_dsn(ctx)
     if check:
@@ -49,13 +49,3 @@ def migrate(ctx: click.Context, check: bool, print_sql: bool) -> None:
 def _name(migration: Migration) -> str:
     return f"{migration.version:04d}_{migration.name}"
 
-
-def _print_sql() -> None:
-    """All migrations in one transaction: each records itself in
-    batonq.migrations, so a later ``batonq migrate`` sees them as applied."""
-    click.echo("-- batonq schema: every migration, all or nothing.")
-    click.echo("BEGIN;")
-    for migration in migrations():
-        click.echo(f"\n-- {_name(migration)}.sql")
-        click.echo(migration.sql.rstrip())
-    click.echo("\nCOMMIT;")

@@ -1,13 +1,14 @@
--- batonq 0006: reads, and operator actions on a task by id.
+-- batonq engine: reads, the finished counts, and operator actions on a task
+-- by id.
 
-CREATE FUNCTION batonq._hot_view(t batonq.tasks) RETURNS batonq.task_view
+CREATE OR REPLACE FUNCTION batonq._hot_view(t batonq.tasks) RETURNS batonq.task_view
 LANGUAGE sql IMMUTABLE
 RETURN ROW(t.id, t.queue, t.state, t.priority, t.run_at, t.created_at, t.payload, t.attempts,
            t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
            t.lease_expires_at, t.claimed_at, t.worker, t.stage, t.last_error, t.errors,
            NULL, NULL)::batonq.task_view;
 
-CREATE FUNCTION batonq._archive_view(a batonq.archive) RETURNS batonq.task_view
+CREATE OR REPLACE FUNCTION batonq._archive_view(a batonq.archive) RETURNS batonq.task_view
 LANGUAGE sql IMMUTABLE
 RETURN ROW(a.id, a.queue, a.state, a.priority, a.run_at, a.created_at, a.payload, a.attempts,
            a.max_attempts, a.idempotency_key, a.parent_id, a.root_id, a.fencing_token,
@@ -15,7 +16,7 @@ RETURN ROW(a.id, a.queue, a.state, a.priority, a.run_at, a.created_at, a.payload
            a.result, a.finished_at)::batonq.task_view;
 
 -- One task by id, hot or archived, with its attempt history (errors).
-CREATE FUNCTION batonq.get_task(p_task_id bigint) RETURNS batonq.task_view
+CREATE OR REPLACE FUNCTION batonq.get_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -34,7 +35,7 @@ END $$;
 
 -- The newest tasks of a queue, optionally in one state; p_before_id pages
 -- back (pass the last id you saw).
-CREATE FUNCTION batonq.list_tasks(
+CREATE OR REPLACE FUNCTION batonq.list_tasks(
     p_queue     text,
     p_state     text DEFAULT NULL,
     p_limit     integer DEFAULT 50,
@@ -80,20 +81,11 @@ BEGIN
     ORDER BY v.id DESC LIMIT p_limit;
 END $$;
 
--- A write refused and set aside in the submit ledger (a late complete, fail,
--- heartbeat or release): its kind, the fencing token it presented, when, the
--- task's state then, and who held the lease that token names: its worker and
--- the API key that claimed it (NULL when not known, e.g. a released lease).
-CREATE TYPE batonq.set_aside_write AS (
-    task_id bigint, kind text, fencing_token bigint, at timestamptz, state text,
-    worker text, key_id bigint
-);
-
 -- The writes set aside for these tasks, oldest first per task. A token's
 -- holder is read from the attempt history (every lease that ended unfinished
 -- left an entry naming its worker and key) or, for the task's newest token,
 -- from the task itself.
-CREATE FUNCTION batonq.set_aside_writes(p_task_ids bigint[]) RETURNS SETOF batonq.set_aside_write
+CREATE OR REPLACE FUNCTION batonq.set_aside_writes(p_task_ids bigint[]) RETURNS SETOF batonq.set_aside_write
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
@@ -124,7 +116,7 @@ END;
 -- tables, so a batch complete adds one row, and every way into or out of the
 -- archive (complete, fail, cancel, expiry, the graph, retry, retention) is
 -- counted without each of them saying so.
-CREATE FUNCTION batonq._count_finished() RETURNS trigger
+CREATE OR REPLACE FUNCTION batonq._count_finished() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
@@ -146,20 +138,23 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER archive_count_insert AFTER INSERT ON batonq.archive
+CREATE OR REPLACE TRIGGER archive_count_insert AFTER INSERT ON batonq.archive
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
-CREATE TRIGGER archive_count_delete AFTER DELETE ON batonq.archive
+
+CREATE OR REPLACE TRIGGER archive_count_delete AFTER DELETE ON batonq.archive
     REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
-CREATE TRIGGER archive_count_update AFTER UPDATE ON batonq.archive
+
+CREATE OR REPLACE TRIGGER archive_count_update AFTER UPDATE ON batonq.archive
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
-CREATE TRIGGER archive_count_truncate AFTER TRUNCATE ON batonq.archive
+
+CREATE OR REPLACE TRIGGER archive_count_truncate AFTER TRUNCATE ON batonq.archive
     FOR EACH STATEMENT EXECUTE FUNCTION batonq._count_finished();
 
 -- Fold the delta rows into one row per (queue, state). Safe beside
 -- concurrent moves and another fold: rows added meanwhile are neither
 -- deleted nor summed here, and a row two folds both saw is deleted once.
-CREATE FUNCTION batonq._fold_counts() RETURNS void
+CREATE OR REPLACE FUNCTION batonq._fold_counts() RETURNS void
 LANGUAGE sql AS $$
     WITH gone AS (
         DELETE FROM batonq.finished_counts RETURNING queue, state, n
@@ -173,7 +168,7 @@ $$;
 -- first p_limit queues by name after p_after whose names match one of
 -- p_patterns (anchored regular expressions: an API key's scopes); only the
 -- page's queues are counted, however many queues there are.
-CREATE FUNCTION batonq.queue_stats(p_queue text DEFAULT NULL, p_after text DEFAULT NULL,
+CREATE OR REPLACE FUNCTION batonq.queue_stats(p_queue text DEFAULT NULL, p_after text DEFAULT NULL,
                                    p_limit integer DEFAULT NULL, p_patterns text[] DEFAULT NULL)
 RETURNS TABLE (queue text, paused boolean, waiting bigint, held bigint, pending bigint,
                scheduled bigint, leased bigint, done bigint, dead bigint, cancelled bigint,
@@ -212,14 +207,14 @@ BEGIN ATOMIC
      ORDER BY q.name;
 END;
 
-CREATE FUNCTION batonq.list_queues() RETURNS SETOF batonq.queues
+CREATE OR REPLACE FUNCTION batonq.list_queues() RETURNS SETOF batonq.queues
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
     SELECT * FROM batonq.queues ORDER BY name;
 END;
 
-CREATE FUNCTION batonq._wrong_state(p_task_id bigint, p_state text, p_action text, p_allowed text)
+CREATE OR REPLACE FUNCTION batonq._wrong_state(p_task_id bigint, p_state text, p_action text, p_allowed text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -232,14 +227,14 @@ BEGIN
               DETAIL = jsonb_build_object('task_id', p_task_id, 'state', p_state)::text;
 END $$;
 
-CREATE FUNCTION batonq._state_of(p_task_id bigint) RETURNS text
+CREATE OR REPLACE FUNCTION batonq._state_of(p_task_id bigint) RETURNS text
 LANGUAGE sql STABLE
 RETURN coalesce((SELECT state FROM batonq.tasks WHERE id = p_task_id),
                 (SELECT state FROM batonq.archive WHERE id = p_task_id LIMIT 1));
 
 -- Operator: run a dead or cancelled task again, from attempt 0. Its history
 -- (errors) is kept.
-CREATE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
+CREATE OR REPLACE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -265,7 +260,7 @@ BEGIN
 END $$;
 
 -- Operator: cancel an unfinished task. A holder's later complete is refused.
-CREATE FUNCTION batonq.cancel_task(p_task_id bigint) RETURNS batonq.task_view
+CREATE OR REPLACE FUNCTION batonq.cancel_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -286,7 +281,7 @@ BEGIN
 END $$;
 
 -- Operator: keep a pending task back until released.
-CREATE FUNCTION batonq.hold_task(p_task_id bigint) RETURNS batonq.task_view
+CREATE OR REPLACE FUNCTION batonq.hold_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -301,7 +296,7 @@ BEGIN
 END $$;
 
 -- Operator: make a held task claimable.
-CREATE FUNCTION batonq.release_task(p_task_id bigint) RETURNS batonq.task_view
+CREATE OR REPLACE FUNCTION batonq.release_task(p_task_id bigint) RETURNS batonq.task_view
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -317,4 +312,13 @@ BEGIN
     RETURN batonq._hot_view(v_task);
 END $$;
 
-INSERT INTO batonq.migrations (version, name) VALUES (6, 'operator');
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    batonq.get_task(bigint),
+    batonq.set_aside_writes(bigint[]),
+    batonq.list_tasks(text, text, integer, bigint),
+    batonq.queue_stats(text, text, integer, text[]),
+    batonq.list_queues()
+TO batonq_reader;

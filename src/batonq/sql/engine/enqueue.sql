@@ -1,8 +1,8 @@
--- batonq 0003: queues and enqueue.
+-- batonq engine: queues and enqueue.
 
 -- Create a queue or change its settings; a NULL argument keeps the current
 -- value (or the default, for a new queue).
-CREATE FUNCTION batonq.configure_queue(
+CREATE OR REPLACE FUNCTION batonq.configure_queue(
     p_queue          text,
     p_lease_s        integer DEFAULT NULL,
     p_max_attempts   integer DEFAULT NULL,
@@ -38,7 +38,7 @@ EXCEPTION WHEN check_violation THEN
 END $$;
 
 -- The root of the run a new child joins: its parent's root.
-CREATE FUNCTION batonq._root_of(p_parent_id bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION batonq._root_of(p_parent_id bigint) RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_root bigint;
@@ -54,7 +54,7 @@ BEGIN
     RETURN v_root;
 END $$;
 
-CREATE FUNCTION batonq._check_enqueue_args(p_priority integer, p_delay_s double precision, p_max_attempts integer)
+CREATE OR REPLACE FUNCTION batonq._check_enqueue_args(p_priority integer, p_delay_s double precision, p_max_attempts integer)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -69,10 +69,6 @@ BEGIN
     END IF;
 END $$;
 
-CREATE TYPE batonq.enqueued AS (
-    task_id bigint, queue text, created boolean, state text, run_at timestamptz
-);
-
 -- Enqueue one task. With an idempotency key, the first task to take the key
 -- in this queue is returned to every later caller (created = false) for as
 -- long as it is retained. A task claimable now wakes the queue's waiters
@@ -80,7 +76,7 @@ CREATE TYPE batonq.enqueued AS (
 -- tried and loses wake-ups (an enqueue that saw a pending task, which a
 -- claimer then took with a snapshot older than the enqueue's commit, leaves
 -- its own task to the claimer's next poll).
-CREATE FUNCTION batonq.enqueue(
+CREATE OR REPLACE FUNCTION batonq.enqueue(
     p_queue           text,
     p_payload         jsonb,
     p_priority        integer DEFAULT 0,
@@ -134,7 +130,7 @@ END $$;
 -- priorities and delays (NULL or a shorter array means none/0/0). One row
 -- comes back per payload, in order (ord counts from 1); a key repeated
 -- within the batch yields one task.
-CREATE FUNCTION batonq.enqueue_many(
+CREATE OR REPLACE FUNCTION batonq.enqueue_many(
     p_queue            text,
     p_payloads         jsonb[],
     p_idempotency_keys text[] DEFAULT NULL,
@@ -241,4 +237,10 @@ BEGIN
     END IF;
 END $$;
 
-INSERT INTO batonq.migrations (version, name) VALUES (3, 'enqueue');
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint),
+    batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint)
+TO batonq_worker;

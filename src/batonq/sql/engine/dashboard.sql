@@ -1,16 +1,12 @@
--- batonq 0011: the reads behind the dashboard (batonq serve, /ui).
+-- batonq engine: the reads behind the dashboard (batonq serve, /ui).
 --
 -- Queue scopes arrive as anchored POSIX regular expressions (the callers
 -- translate a key's glob patterns), so a page of queues is cut after the
 -- key's scopes are applied and a narrow key still gets full pages.
 
--- Dead tasks across queues, newest first. Partial: only dead rows pay for
--- it, and the dead-letter page reads it from its left edge.
-CREATE INDEX archive_dead_idx ON batonq.archive (id DESC) WHERE state = 'dead';
-
 -- A page of queues (by name, after p_after), with their counts: those whose
 -- name matches one of p_scopes and contains p_search.
-CREATE FUNCTION batonq.queue_page(
+CREATE OR REPLACE FUNCTION batonq.queue_page(
     p_scopes text[], p_search text DEFAULT NULL, p_after text DEFAULT NULL, p_limit integer DEFAULT 50
 )
 RETURNS TABLE (queue text, paused boolean, waiting bigint, held bigint, pending bigint,
@@ -30,7 +26,7 @@ BEGIN ATOMIC
 END;
 
 -- How many queues match (for "n queues" above the page).
-CREATE FUNCTION batonq.queue_count(p_scopes text[], p_search text DEFAULT NULL) RETURNS bigint
+CREATE OR REPLACE FUNCTION batonq.queue_count(p_scopes text[], p_search text DEFAULT NULL) RETURNS bigint
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
@@ -41,7 +37,7 @@ END;
 -- Finishes per queue and minute over the last p_minutes minutes (the
 -- current minute included), for the queues named. Reads only the archive
 -- partitions of those minutes.
-CREATE FUNCTION batonq.throughput(p_queues text[], p_minutes integer DEFAULT 15)
+CREATE OR REPLACE FUNCTION batonq.throughput(p_queues text[], p_minutes integer DEFAULT 15)
 RETURNS TABLE (queue text, minute timestamptz, done bigint, dead bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
@@ -58,7 +54,7 @@ END;
 
 -- Tasks of a queue, newest first, by state, idempotency key and the worker
 -- that last held them; p_before_id pages back.
-CREATE FUNCTION batonq.find_tasks(
+CREATE OR REPLACE FUNCTION batonq.find_tasks(
     p_queue     text,
     p_state     text DEFAULT NULL,
     p_key       text DEFAULT NULL,
@@ -109,7 +105,7 @@ END $$;
 
 -- Dead tasks across the queues in scope, newest first: optionally of one
 -- queue, or with p_error in their last error.
-CREATE FUNCTION batonq.dead_tasks(
+CREATE OR REPLACE FUNCTION batonq.dead_tasks(
     p_scopes    text[],
     p_queue     text DEFAULT NULL,
     p_error     text DEFAULT NULL,
@@ -135,7 +131,7 @@ END;
 -- batonq.set_aside_writes reads it). The median is of claim-to-finish times
 -- of done tasks. A NULL worker collects what no worker name is recorded for
 -- (e.g. a write under a lease that was released).
-CREATE FUNCTION batonq.worker_scorecards(p_scopes text[], p_since_s double precision DEFAULT 86400)
+CREATE OR REPLACE FUNCTION batonq.worker_scorecards(p_scopes text[], p_since_s double precision DEFAULT 86400)
 RETURNS TABLE (worker text, done bigint, failed bigint, dead bigint, late_writes bigint,
                median_s double precision, last_seen timestamptz)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -185,8 +181,9 @@ BEGIN ATOMIC
      ORDER BY c.worker NULLS LAST;
 END;
 
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-
 GRANT EXECUTE ON FUNCTION
     batonq.queue_page(text[], text, text, integer),
     batonq.queue_count(text[], text),
@@ -195,5 +192,3 @@ GRANT EXECUTE ON FUNCTION
     batonq.dead_tasks(text[], text, text, integer, bigint),
     batonq.worker_scorecards(text[], double precision)
 TO batonq_reader;
-
-INSERT INTO batonq.migrations (version, name) VALUES (11, 'dashboard');

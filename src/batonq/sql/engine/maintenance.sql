@@ -1,9 +1,9 @@
--- batonq 0007: archive partitions and retention.
+-- batonq engine: archive partitions and retention.
 
 -- Make the daily partitions of batonq.archive and batonq.submits (UTC days)
 -- from p_from for p_days days. A day whose rows already sit in the default
 -- partition is skipped: those rows stay there until retention deletes them.
-CREATE FUNCTION batonq.ensure_partitions(p_from date DEFAULT NULL, p_days integer DEFAULT 4)
+CREATE OR REPLACE FUNCTION batonq.ensure_partitions(p_from date DEFAULT NULL, p_days integer DEFAULT 4)
 RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -37,7 +37,7 @@ END $$;
 -- their submit records and idempotency keys. Whole day partitions older than
 -- the longest retention are dropped; queues that keep less lose their older
 -- rows by DELETE, p_batch at a time. Returns what it removed.
-CREATE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
+CREATE OR REPLACE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -106,7 +106,7 @@ BEGIN
 END $$;
 
 -- What the sweeper runs every minute or so.
-CREATE FUNCTION batonq.maintain() RETURNS jsonb
+CREATE OR REPLACE FUNCTION batonq.maintain() RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -117,6 +117,11 @@ BEGIN
     RETURN v_report;
 END $$;
 
-SELECT batonq.ensure_partitions();
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION batonq.maintain() TO batonq_worker;
 
-INSERT INTO batonq.migrations (version, name) VALUES (7, 'maintenance');
+-- Today's partitions and the next few exist as soon as the schema does, not
+-- only after the sweeper's first maintain(); harmless when they already do.
+SELECT batonq.ensure_partitions();

@@ -1,4 +1,4 @@
--- batonq 0002: helpers shared by the engine's functions. Not granted to the
+-- batonq engine: helpers shared by the engine's functions. Not granted to the
 -- worker or reader roles: only the engine calls them.
 --
 -- Errors raised by the engine carry their own SQLSTATEs (class BQ) and a JSON
@@ -11,7 +11,7 @@
 -- reply with outcome 'lease_lost', so the refusal can be recorded in the
 -- submit ledger in the same transaction.
 
-CREATE FUNCTION batonq._check_queue_name(p_name text) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._check_queue_name(p_name text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF p_name IS NULL OR NOT batonq._valid_queue_name(p_name) THEN
@@ -21,7 +21,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION batonq._invalid_argument(p_message text) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._invalid_argument(p_message text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION '%', p_message USING ERRCODE = 'BQ004';
@@ -35,13 +35,13 @@ END $$;
 -- (about 1,000), Python's int past 4,300 digits, a double past 1.8e308. The
 -- limits leave room for the levels a reply wraps around a payload, a join's
 -- list around its elements' results and a task's errors around an error.
-CREATE FUNCTION batonq._max_json_depth() RETURNS integer
+CREATE OR REPLACE FUNCTION batonq._max_json_depth() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 64;
 
 -- Numbers must be below 1e300 in magnitude: at most 300 digits before the
 -- decimal point.
-CREATE FUNCTION batonq._max_number_digits() RETURNS integer
+CREATE OR REPLACE FUNCTION batonq._max_number_digits() RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN 300;
 
@@ -50,7 +50,7 @@ RETURN 300;
 -- strings, so the spaces left once the strings are cut out are the extra
 -- bytes. Escaped backslashes and quotes go first, so every '"' left opens
 -- or closes a string.
-CREATE FUNCTION batonq._compact_size(p_text text) RETURNS integer
+CREATE OR REPLACE FUNCTION batonq._compact_size(p_text text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN (SELECT octet_length(p_text) - (octet_length(x.outside) - octet_length(replace(x.outside, ' ', '')))
           FROM (SELECT regexp_replace(replace(replace(p_text, '\\', ''), '\"', ''), '"[^"]*"', '', 'g')
@@ -59,13 +59,13 @@ RETURN (SELECT octet_length(p_text) - (octet_length(x.outside) - octet_length(re
 -- The containers p_level levels down: a body that has one nests deeper than
 -- p_level. IMMUTABLE, so that with a constant level the path is made once,
 -- when the calling statement is planned, and not parsed again per call.
-CREATE FUNCTION batonq._nesting_path(p_level integer) RETURNS jsonpath
+CREATE OR REPLACE FUNCTION batonq._nesting_path(p_level integer) RETURNS jsonpath
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN format('strict $.**{%s} ? (@.type() == "array" || @.type() == "object")', p_level)::jsonpath;
 
 -- .abs() rather than .type() == "number": a third of the time on a 100 KiB
 -- payload (a string's .abs() is an error, which the filter takes as false).
-CREATE FUNCTION batonq._huge_numbers() RETURNS jsonpath
+CREATE OR REPLACE FUNCTION batonq._huge_numbers() RETURNS jsonpath
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN format('strict $.** ? (@.abs() >= 1e%s)', batonq._max_number_digits())::jsonpath;
 
@@ -75,7 +75,7 @@ RETURN format('strict $.** ? (@.abs() >= 1e%s)', batonq._max_number_digits())::j
 -- of 1e300 or more shows as a run of digits (255, as many as a regex counts)
 -- that the text search finds in a quarter of the time of the walk.
 -- p_text is p_body::text, made once by the caller.
-CREATE FUNCTION batonq._json_fits(p_body jsonb, p_text text, p_limit integer) RETURNS boolean
+CREATE OR REPLACE FUNCTION batonq._json_fits(p_body jsonb, p_text text, p_limit integer) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v_size integer := octet_length(p_text);
@@ -90,7 +90,7 @@ END $$;
 
 -- Refuse what _json_fits refuses, saying why: BQ003 for the size (as
 -- compact JSON), BQ010 for the depth, BQ011 for a number.
-CREATE FUNCTION batonq._check_json(p_what text, p_body jsonb, p_limit integer) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._check_json(p_what text, p_body jsonb, p_limit integer) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_text  text := p_body::text;
@@ -139,7 +139,7 @@ BEGIN
 END $$;
 
 -- A queue's settings; enqueue creates a queue on first use.
-CREATE FUNCTION batonq._queue(p_queue text, p_create boolean) RETURNS batonq.queues
+CREATE OR REPLACE FUNCTION batonq._queue(p_queue text, p_create boolean) RETURNS batonq.queues
 LANGUAGE plpgsql AS $$
 DECLARE
     v_queue batonq.queues;
@@ -158,13 +158,9 @@ BEGIN
     RETURN v_queue;
 END $$;
 
--- A lease token is queue/task_id/fencing_token/secret: it names its task (so
--- writes need nothing else), routes by queue, and carries the fencing token.
-CREATE TYPE batonq.lease_ref AS (queue text, task_id bigint, fencing_token bigint, secret uuid);
-
 -- Casts, not bigint || text: that operator is only STABLE, and an IMMUTABLE
 -- function calling it is not inlined (a function call per claimed row).
-CREATE FUNCTION batonq._lease_token(p_queue text, p_task_id bigint, p_fencing_token bigint, p_secret uuid)
+CREATE OR REPLACE FUNCTION batonq._lease_token(p_queue text, p_task_id bigint, p_fencing_token bigint, p_secret uuid)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN p_queue || '/' || p_task_id::text || '/' || p_fencing_token::text || '/'
@@ -172,7 +168,7 @@ RETURN p_queue || '/' || p_task_id::text || '/' || p_fencing_token::text || '/'
 
 -- STABLE, not VOLATILE, so that _parse_token may be inlined; with no
 -- arguments it is never folded at plan time.
-CREATE FUNCTION batonq._malformed_token() RETURNS batonq.lease_ref
+CREATE OR REPLACE FUNCTION batonq._malformed_token() RETURNS batonq.lease_ref
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RAISE EXCEPTION 'malformed lease token: use the lease_token returned by claim'
@@ -183,7 +179,7 @@ END $$;
 -- split_part rather than capture groups, and unbounded repeats with the
 -- lengths checked apart: a pattern with bounded repeats ({1,18}, {32}) costs
 -- about 7 us a token against 1 us, which was a quarter of a batch complete.
-CREATE FUNCTION batonq._parse_token(p_token text) RETURNS batonq.lease_ref
+CREATE OR REPLACE FUNCTION batonq._parse_token(p_token text) RETURNS batonq.lease_ref
 LANGUAGE sql STABLE
 RETURN CASE
     WHEN p_token ~ '^[a-z0-9][-a-z0-9_.:]*/[0-9]+/[0-9]+/[0-9a-f]+$'
@@ -196,7 +192,7 @@ RETURN CASE
 END;
 
 -- The text an error body shows as last_error.
-CREATE FUNCTION batonq._error_text(p_error jsonb) RETURNS text
+CREATE OR REPLACE FUNCTION batonq._error_text(p_error jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE jsonb_typeof(p_error) WHEN 'string' THEN p_error #>> '{}' ELSE p_error::text END;
 
@@ -205,7 +201,7 @@ RETURN CASE jsonb_typeof(p_error) WHEN 'string' THEN p_error #>> '{}' ELSE p_err
 -- aside later under that fencing token is shown with them
 -- (batonq.set_aside_writes), and the dashboard shows every attempt's worker,
 -- start and end ('at').
-CREATE FUNCTION batonq._attempt_error(p_attempt integer, p_fencing_token bigint, p_error jsonb,
+CREATE OR REPLACE FUNCTION batonq._attempt_error(p_attempt integer, p_fencing_token bigint, p_error jsonb,
                                       p_worker text DEFAULT NULL, p_key_id bigint DEFAULT NULL,
                                       p_started_at timestamptz DEFAULT NULL)
 RETURNS jsonb
@@ -216,25 +212,15 @@ RETURN jsonb_build_object('attempt', p_attempt, 'fencing_token', p_fencing_token
 
 -- Exponential backoff with jitter: base * 2^(attempt-1), capped, then scaled
 -- by a random factor in [0.5, 1) so failed tasks do not retry in lockstep.
-CREATE FUNCTION batonq._backoff_s(p_queue batonq.queues, p_attempt integer) RETURNS double precision
+CREATE OR REPLACE FUNCTION batonq._backoff_s(p_queue batonq.queues, p_attempt integer) RETURNS double precision
 LANGUAGE sql VOLATILE
 RETURN least(p_queue.backoff_max_s,
              p_queue.backoff_base_s * power(2, least(greatest(p_attempt, 1) - 1, 60)))
        * (0.5 + random() / 2);
 
--- A task as every reader sees it, hot or archived; it never holds the lease
--- secret.
-CREATE TYPE batonq.task_view AS (
-    id bigint, queue text, state text, priority integer, run_at timestamptz,
-    created_at timestamptz, payload jsonb, attempts integer, max_attempts integer,
-    idempotency_key text, parent_id bigint, root_id bigint, fencing_token bigint,
-    lease_expires_at timestamptz, claimed_at timestamptz, worker text, stage text,
-    last_error text, errors jsonb, result jsonb, finished_at timestamptz
-);
-
 -- A hot row as it enters the archive, finished in p_state. NULL for
 -- p_last_error or p_errors keeps the row's own.
-CREATE FUNCTION batonq._archive_row(t batonq.tasks, p_state text, p_result jsonb,
+CREATE OR REPLACE FUNCTION batonq._archive_row(t batonq.tasks, p_state text, p_result jsonb,
                                     p_last_error text DEFAULT NULL, p_errors jsonb DEFAULT NULL)
 RETURNS batonq.archive
 LANGUAGE sql STABLE
@@ -244,37 +230,6 @@ RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload
            coalesce(p_errors, t.errors), t.join_task_id, t.fan_index, p_result, now(),
            t.lease_secret, t.claim_key)::batonq.archive;
 
--- The reply to every write about a leased task.
-CREATE TYPE batonq.submit_reply AS (
-    task_id bigint, queue text, outcome text, state text,
-    fencing_token bigint, current_fencing_token bigint,
-    lease_expires_at timestamptz, lease_expires_in_s double precision
-);
-
--- Wake the claimers waiting for a queue that has a task claimable now.
--- NOTIFY goes out only while someone awaits the queue: every commit that
--- notifies takes one database-wide lock, so unconditional NOTIFYs line busy
--- producers' commits up one behind the other.
---
--- The look cannot miss a waiter that registers meanwhile: it is made under
--- a shared lock that batonq.await_work takes exclusively. Either the
--- registration waits for this transaction to commit (and the waiter, which
--- looks for work once more after registering, sees this task), or it
--- committed before the look below took its snapshot. A registration under
--- way (the lock is taken or asked for) gets a NOTIFY without a look: the
--- enqueue never waits for a waiter. Above READ COMMITTED the snapshot may
--- predate a registration: such a transaction notifies without looking.
-CREATE FUNCTION batonq._wake(p_queue text) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF current_setting('transaction_isolation') = 'read committed'
-       AND pg_try_advisory_xact_lock_shared(hashtext('batonq.awaited'), hashtext(p_queue)) THEN
-        -- A new statement, so a snapshot taken with the lock held.
-        IF NOT EXISTS (SELECT FROM batonq.awaited WHERE queue = p_queue AND until > now()) THEN
-            RETURN;
-        END IF;
-    END IF;
-    PERFORM pg_notify('batonq', p_queue);
-END $$;
-
-INSERT INTO batonq.migrations (version, name) VALUES (2, 'helpers');
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;

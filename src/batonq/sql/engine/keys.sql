@@ -1,33 +1,17 @@
--- batonq 0010: API keys for the HTTP service and the MCP server.
+-- batonq engine: API keys for the HTTP service and the MCP server.
 --
 -- A key is bq_<id>_<secret>. Only sha256(secret) is stored; the key is
 -- returned once, by create_key. A key has a ring (0 admin, 1 operator,
 -- 2 worker, 3 observer: a ring-N key may do all that rings N..3 may) and
--- queue scopes (glob patterns such as 'shop:*').
+-- queue scopes (glob patterns such as 'shop:*'). No role gets these
+-- functions: the service calls them as the schema's owner.
 
-CREATE TABLE batonq.api_keys (
-    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    name          text NOT NULL DEFAULT '',
-    ring          smallint NOT NULL CHECK (ring BETWEEN 0 AND 3),
-    queues        text[] NOT NULL DEFAULT '{*}' CHECK (cardinality(queues) > 0),
-    secret_hash   bytea NOT NULL,
-    created_at    timestamptz NOT NULL DEFAULT now(),
-    last_used_at  timestamptz,
-    revoked_at    timestamptz
-);
-REVOKE ALL ON batonq.api_keys FROM PUBLIC;
-
-CREATE TYPE batonq.api_key AS (
-    id bigint, name text, ring smallint, queues text[], created_at timestamptz,
-    last_used_at timestamptz, revoked_at timestamptz
-);
-
-CREATE FUNCTION batonq._key_view(k batonq.api_keys) RETURNS batonq.api_key
+CREATE OR REPLACE FUNCTION batonq._key_view(k batonq.api_keys) RETURNS batonq.api_key
 LANGUAGE sql IMMUTABLE
 RETURN ROW(k.id, k.name, k.ring, k.queues, k.created_at, k.last_used_at, k.revoked_at)::batonq.api_key;
 
 -- Make a key; the only time its secret is seen.
-CREATE FUNCTION batonq.create_key(p_ring integer, p_queues text[] DEFAULT '{*}', p_name text DEFAULT '')
+CREATE OR REPLACE FUNCTION batonq.create_key(p_ring integer, p_queues text[] DEFAULT '{*}', p_name text DEFAULT '')
 RETURNS TABLE (key text, id bigint, name text, ring smallint, queues text[])
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -53,7 +37,7 @@ END $$;
 -- What the service needs to check a presented key: the stored hash (it
 -- compares in constant time itself), ring and scopes. Marks the key used,
 -- at most once a minute, so checking costs no write per request.
-CREATE FUNCTION batonq.key_for_auth(p_id bigint)
+CREATE OR REPLACE FUNCTION batonq.key_for_auth(p_id bigint)
 RETURNS TABLE (secret_hash bytea, ring smallint, queues text[], revoked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -66,14 +50,14 @@ BEGIN
                    FROM batonq.api_keys k WHERE k.id = p_id;
 END $$;
 
-CREATE FUNCTION batonq.list_keys() RETURNS SETOF batonq.api_key
+CREATE OR REPLACE FUNCTION batonq.list_keys() RETURNS SETOF batonq.api_key
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
     SELECT (batonq._key_view(k)).* FROM batonq.api_keys k ORDER BY k.id;
 END;
 
-CREATE FUNCTION batonq.revoke_key(p_id bigint) RETURNS batonq.api_key
+CREATE OR REPLACE FUNCTION batonq.revoke_key(p_id bigint) RETURNS batonq.api_key
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -90,7 +74,7 @@ END $$;
 
 -- The first admin key, only while there is no key at all; NULL otherwise.
 -- The table lock makes two services starting at once print one key.
-CREATE FUNCTION batonq.create_first_key()
+CREATE OR REPLACE FUNCTION batonq.create_first_key()
 RETURNS TABLE (key text, id bigint, name text, ring smallint, queues text[])
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -101,6 +85,6 @@ BEGIN
     END IF;
 END $$;
 
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-
-INSERT INTO batonq.migrations (version, name) VALUES (10, 'keys');

@@ -1,10 +1,10 @@
--- batonq 0004: claim, lease expiry and the sweep.
+-- batonq engine: claim, lease expiry and the sweep.
 
 -- Return the expired leases of one queue: to pending while attempts remain
 -- (keeping the old fencing token, so the old holder may still finish if
 -- nobody claims it first), else to the archive as dead. Every statement names
 -- the queue, so it reads one partition's small partial index.
-CREATE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000) RETURNS integer
+CREATE OR REPLACE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
@@ -53,14 +53,6 @@ BEGIN
     RETURN cardinality(v_ids);
 END $$;
 
-CREATE TYPE batonq.lease AS (
-    task_id bigint, queue text, fencing_token bigint, lease_token text,
-    lease_expires_at timestamptz, lease_expires_in_s double precision,
-    attempt integer, max_attempts integer, priority integer, "row" jsonb,
-    idempotency_key text, parent_id bigint, root_id bigint, created_at timestamptz,
-    run_at timestamptz
-);
-
 -- Claim up to p_max_tasks claimable tasks of one queue: highest priority
 -- first, then oldest run_at. Each claimed task gets a fresh fencing token and
 -- lease secret and counts an attempt. A lease's "row" is the task's input
@@ -73,7 +65,7 @@ CREATE TYPE batonq.lease AS (
 -- = ANY(ARRAY(...)), which never over-fetches (a semi-join on a SKIP LOCKED
 -- subquery may be re-evaluated and claim more than asked) and never turns
 -- into a hash join over the whole table.
-CREATE FUNCTION batonq.claim(
+CREATE OR REPLACE FUNCTION batonq.claim(
     p_queue     text,
     p_worker    text DEFAULT NULL,
     p_max_tasks integer DEFAULT 1,
@@ -143,40 +135,9 @@ BEGIN
      ORDER BY c.priority DESC, c.run_at, c.id;
 END $$;
 
--- Ask for wake-ups: until p_for_s seconds from now, every transaction that
--- makes a task of p_queue claimable now sends NOTIFY batonq, '<queue>'.
--- Register while LISTENing, then look for work once more before sleeping:
--- a task that became claimable before the registration committed did not
--- notify. The lock waits for the enqueues that are looking for waiters
--- right now (batonq._wake) to commit, so that look sees their tasks. A
--- transaction that enqueued and stays open (the caller's own, around an
--- enqueue) is not waited for beyond lock_timeout: its task is found by the
--- waiters' next poll.
-CREATE FUNCTION batonq.await_work(p_queue text, p_for_s double precision) RETURNS timestamptz
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET lock_timeout = '500ms' AS $$
-DECLARE
-    v_until timestamptz;
-BEGIN
-    PERFORM batonq._check_queue_name(p_queue);
-    IF p_for_s IS NULL OR p_for_s <= 0 OR p_for_s > 3600 THEN
-        PERFORM batonq._invalid_argument('for_s must be above 0 and at most 3600');
-    END IF;
-    BEGIN
-        PERFORM pg_advisory_xact_lock(hashtext('batonq.awaited'), hashtext(p_queue));
-    EXCEPTION WHEN lock_not_available THEN
-        NULL;  -- register all the same: later enqueues see it
-    END;
-    INSERT INTO batonq.awaited AS a (queue, until)
-    VALUES (p_queue, clock_timestamp() + make_interval(secs => p_for_s))
-    ON CONFLICT (queue) DO UPDATE SET until = greatest(a.until, excluded.until)
-    RETURNING a.until INTO v_until;
-    RETURN v_until;
-END $$;
-
 -- Expire the leases of every queue that has expired ones: for queues nobody
 -- is claiming from. Returns how many tasks it touched.
-CREATE FUNCTION batonq.sweep() RETURNS integer
+CREATE OR REPLACE FUNCTION batonq.sweep() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -191,4 +152,11 @@ BEGIN
     RETURN v_total;
 END $$;
 
-INSERT INTO batonq.migrations (version, name) VALUES (4, 'claim');
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    batonq.claim(text, text, integer, integer, bigint),
+    batonq.expire_leases(text, integer),
+    batonq.sweep()
+TO batonq_worker;

@@ -1,71 +1,15 @@
--- batonq 0009: the queue graph. When a task completes, each edge out of its
+-- batonq engine: the queue graph. When a task completes, each edge out of its
 -- queue turns the result into the next queue's input (the baton), in the
 -- transaction that accepts the completion.
 
-CREATE TABLE batonq.edges (
-    id            bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
-    from_queue    text NOT NULL REFERENCES batonq.queues (name),
-    to_queue      text NOT NULL REFERENCES batonq.queues (name),
-    -- JSON pointer into the result: the next payload (NULL: the whole result).
-    map           text,
-    -- JSON pointer to an array in the result: one downstream task per element
-    -- (map then applies to each element).
-    fan_out       text,
-    -- Route only results where the value at when_pointer equals when_equals,
-    -- or is present (when_present true) or absent (false).
-    when_pointer  text,
-    when_equals   jsonb,
-    when_present  boolean,
-    -- A join: to_queue gets one task per fan-out into from_queue, waiting
-    -- until every element is finished, then with the ordered results.
-    is_join       boolean NOT NULL DEFAULT false,
-    -- For a join: a dead element yields null in the list instead of a dead join.
-    partial       boolean NOT NULL DEFAULT false,
-    -- NULL: inherit the priority of the task the baton comes from.
-    priority      integer,
-    delay_s       double precision NOT NULL DEFAULT 0 CHECK (delay_s >= 0),
-    created_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (from_queue, to_queue)
-);
-
--- One row per join task: how many fan-out elements it waits on.
-CREATE TABLE batonq.joins (
-    join_task_id  bigint PRIMARY KEY,
-    join_queue    text NOT NULL,
-    expected      integer NOT NULL,
-    finished      integer NOT NULL DEFAULT 0,
-    partial       boolean NOT NULL,
-    resolved      boolean NOT NULL DEFAULT false
-);
-
--- Each baton's identity: one task per (task it came from, edge, index). A
--- table of its own, not an idempotency key: no enqueue, whatever key it
--- brings, can take a baton's place or stop it from being made.
-CREATE TABLE batonq.batons (
-    parent_id   bigint NOT NULL,
-    edge_id     bigint NOT NULL,
-    fan_index   integer NOT NULL,
-    task_id     bigint NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (parent_id, edge_id, fan_index)
-);
-
-REVOKE ALL ON batonq.edges, batonq.joins, batonq.batons FROM PUBLIC;
-
-CREATE TYPE batonq.edge AS (
-    from_queue text, to_queue text, map text, fan_out text, when_pointer text,
-    when_equals jsonb, when_present boolean, is_join boolean, partial boolean,
-    priority integer, delay_s double precision
-);
-
 -- '/a/b~1c/0' -> {a,b/c,0}; '' or NULL -> {} (the whole document).
-CREATE FUNCTION batonq._pointer_path(p_pointer text) RETURNS text[]
+CREATE OR REPLACE FUNCTION batonq._pointer_path(p_pointer text) RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE WHEN coalesce(p_pointer, '') = '' THEN '{}'::text[]
             ELSE ARRAY(SELECT replace(replace(part, '~1', '/'), '~0', '~')
                          FROM unnest((string_to_array(p_pointer, '/'))[2:]) AS part) END;
 
-CREATE FUNCTION batonq._check_pointer(p_what text, p_pointer text) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._check_pointer(p_what text, p_pointer text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     IF p_pointer IS NOT NULL AND p_pointer <> '' AND left(p_pointer, 1) <> '/' THEN
@@ -74,7 +18,7 @@ BEGIN
     END IF;
 END $$;
 
-CREATE FUNCTION batonq._edge_matches(p_edge batonq.edges, p_result jsonb) RETURNS boolean
+CREATE OR REPLACE FUNCTION batonq._edge_matches(p_edge batonq.edges, p_result jsonb) RETURNS boolean
 LANGUAGE sql IMMUTABLE
 RETURN CASE
     WHEN p_edge.when_pointer IS NULL THEN true
@@ -85,7 +29,7 @@ END;
 
 -- Add an edge (or replace the edge between the same two queues). An edge
 -- that would close a cycle is refused, naming the cycle.
-CREATE FUNCTION batonq.add_edge(
+CREATE OR REPLACE FUNCTION batonq.add_edge(
     p_from_queue   text,
     p_to_queue     text,
     p_map          text DEFAULT NULL,
@@ -150,7 +94,7 @@ BEGIN
 END $$;
 
 -- Remove an edge: no new batons along it; tasks already handed on go on.
-CREATE FUNCTION batonq.remove_edge(p_from_queue text, p_to_queue text) RETURNS boolean
+CREATE OR REPLACE FUNCTION batonq.remove_edge(p_from_queue text, p_to_queue text) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 BEGIN
@@ -158,7 +102,7 @@ BEGIN
     RETURN FOUND;
 END $$;
 
-CREATE FUNCTION batonq.list_edges() RETURNS SETOF batonq.edge
+CREATE OR REPLACE FUNCTION batonq.list_edges() RETURNS SETOF batonq.edge
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
@@ -170,7 +114,7 @@ END;
 -- Enqueue one baton: a child of p_parent in p_edge's target queue, made
 -- once per (parent, edge, index) in batonq.batons, so a replayed or racing
 -- completion can never make a second one. Returns the task's id.
-CREATE FUNCTION batonq._baton(p_edge batonq.edges, p_parent batonq.archive, p_index integer,
+CREATE OR REPLACE FUNCTION batonq._baton(p_edge batonq.edges, p_parent batonq.archive, p_index integer,
                               p_payload jsonb, p_state text, p_join_task_id bigint)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -199,7 +143,7 @@ END $$;
 
 -- Fan one finished task out along p_edge; when the target queue has a join
 -- edge out, its waiting join task is made first and each element points at it.
-CREATE FUNCTION batonq._fan_out(p_edge batonq.edges, p_task batonq.archive) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._fan_out(p_edge batonq.edges, p_task batonq.archive) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_items jsonb := p_task.result #> batonq._pointer_path(p_edge.fan_out);
@@ -228,7 +172,7 @@ END $$;
 -- A fan-out element finished (p_dead: dead or cancelled). The last one
 -- makes its join pending with the ordered results; a dead one makes the join
 -- dead at once unless the join takes partial results.
-CREATE FUNCTION batonq._join_progress(p_join_task_id bigint, p_dead boolean, p_element bigint,
+CREATE OR REPLACE FUNCTION batonq._join_progress(p_join_task_id bigint, p_dead boolean, p_element bigint,
                                       p_error text)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -273,7 +217,7 @@ END $$;
 -- (their archive rows) in one statement: the same identities, rows and
 -- wake-up as _baton, at set cost. Tasks whose baton exists already get no
 -- second one.
-CREATE FUNCTION batonq._batons(p_edge batonq.edges, p_tasks batonq.archive[]) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._batons(p_edge batonq.edges, p_tasks batonq.archive[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_queue batonq.queues := batonq._queue(p_edge.to_queue, true);
@@ -308,7 +252,7 @@ END $$;
 -- advance their joins and hand their results on along every edge. Plain
 -- edges take the whole batch in one statement; fan-outs and joins go task
 -- by task. The archive rows are read once, for all of it.
-CREATE FUNCTION batonq._hand_off(p_queue text, p_ids bigint[]) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._hand_off(p_queue text, p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_tasks batonq.archive[] := ARRAY(
@@ -343,7 +287,7 @@ BEGIN
 END $$;
 
 -- Tasks of p_queue just finished dead or cancelled: their joins learn of it.
-CREATE FUNCTION batonq._on_dead(p_queue text, p_ids bigint[]) RETURNS void
+CREATE OR REPLACE FUNCTION batonq._on_dead(p_queue text, p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_task record;
@@ -358,7 +302,7 @@ BEGIN
 END $$;
 
 -- Every task of a run (the tree under one root), oldest first.
-CREATE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_view
+CREATE OR REPLACE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_view
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
@@ -371,14 +315,9 @@ BEGIN ATOMIC
     ) v ORDER BY v.id;
 END;
 
-CREATE TYPE batonq.run_status AS (
-    root_id bigint, status text, tasks bigint, unfinished bigint, done bigint, dead bigint,
-    cancelled bigint, failed_task_id bigint, failed_queue text, error text
-);
-
 -- A run's status, derived: failed (at the task that died first, with its error),
 -- running (something unfinished), or done.
-CREATE FUNCTION batonq.run_status(p_root_id bigint) RETURNS batonq.run_status
+CREATE OR REPLACE FUNCTION batonq.run_status(p_root_id bigint) RETURNS batonq.run_status
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
@@ -413,8 +352,8 @@ BEGIN
     RETURN v_status;
 END $$;
 
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint), batonq.run_status(bigint)
 TO batonq_reader;
-
-INSERT INTO batonq.migrations (version, name) VALUES (9, 'graph');

@@ -1,4 +1,4 @@
--- batonq 0005: writes about a leased task (complete, fail, heartbeat,
+-- batonq engine: writes about a leased task (complete, fail, heartbeat,
 -- release), each checked against the lease token.
 --
 -- A write is accepted while its fencing token is the task's newest and the
@@ -14,7 +14,7 @@
 
 -- The slow path of every write that did not match a live lease: replay,
 -- refusal, or an error for an unknown task or a forged token.
-CREATE FUNCTION batonq._refuse(p_ref batonq.lease_ref, p_kind text, p_body jsonb)
+CREATE OR REPLACE FUNCTION batonq._refuse(p_ref batonq.lease_ref, p_kind text, p_body jsonb)
 RETURNS batonq.submit_reply
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -80,7 +80,7 @@ END $$;
 -- lease_lost or finished, set aside; a replay of an accepted complete).
 -- Not granted to the worker role: a key id is no secret, so only the
 -- service, which checked the key itself, may vouch for one.
-CREATE FUNCTION batonq.lease_token_for_key(p_task_id bigint, p_fencing_token bigint, p_key_id bigint)
+CREATE OR REPLACE FUNCTION batonq.lease_token_for_key(p_task_id bigint, p_fencing_token bigint, p_key_id bigint)
 RETURNS text
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -118,14 +118,14 @@ END $$;
 
 -- PL/pgSQL, not SQL: its plan is cached (a SQL function with a subquery is
 -- planned at every call).
-CREATE FUNCTION batonq._result_limit(p_queue text) RETURNS integer
+CREATE OR REPLACE FUNCTION batonq._result_limit(p_queue text) RETURNS integer
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN coalesce((SELECT max_body_bytes FROM batonq.queues WHERE name = p_queue), 131072);
 END $$;
 
 -- Complete a leased task with its result: it moves to the archive as done.
-CREATE FUNCTION batonq.complete(p_lease_token text, p_result jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete(p_lease_token text, p_result jsonb DEFAULT NULL)
 RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -165,7 +165,7 @@ END $$;
 -- one. Unlike the other functions it may plan for its arguments
 -- (plan_cache_mode auto): a batch pays for one plan, and a generic DELETE on
 -- the partitioned table opens all 16 partitions.
-CREATE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -263,7 +263,7 @@ END $$;
 -- archive. Otherwise pending again after retry_delay_s, or after the queue's
 -- backoff when none is given; the lease is given up either way. Every
 -- attempt's error is kept.
-CREATE FUNCTION batonq.fail(
+CREATE OR REPLACE FUNCTION batonq.fail(
     p_lease_token   text,
     p_error         jsonb DEFAULT NULL,
     p_retry_delay_s double precision DEFAULT NULL,
@@ -330,7 +330,7 @@ END $$;
 -- Extend a lease by p_lease_s (default: the claim's lease length) from now,
 -- and optionally set the task's stage text. A lease that ran out with nobody
 -- claiming since is taken up again.
-CREATE FUNCTION batonq.heartbeat(
+CREATE OR REPLACE FUNCTION batonq.heartbeat(
     p_lease_token text,
     p_lease_s     integer DEFAULT NULL,
     p_stage       text DEFAULT NULL
@@ -364,7 +364,7 @@ END $$;
 
 -- Give a lease back unfinished (a worker shutting down): the task is
 -- claimable at once and the attempt is not counted.
-CREATE FUNCTION batonq.release_lease(p_lease_token text) RETURNS batonq.submit_reply
+CREATE OR REPLACE FUNCTION batonq.release_lease(p_lease_token text) RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
@@ -388,4 +388,13 @@ BEGIN
                v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
 END $$;
 
-INSERT INTO batonq.migrations (version, name) VALUES (5, 'submit');
+-- A function is executable by PUBLIC when made: take that back, so the
+-- grants below are the only door.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    batonq.heartbeat(text, integer, text),
+    batonq.complete(text, jsonb),
+    batonq.complete_many(text[], jsonb[]),
+    batonq.fail(text, jsonb, double precision, boolean),
+    batonq.release_lease(text)
+TO batonq_worker;
