@@ -33,6 +33,9 @@ ENGINE = (
     "graph",
     "keys",
     "dashboard",
+    "audit",
+    "schedules",
+    "debounce",
 )
 
 
