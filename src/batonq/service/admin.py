@@ -14,6 +14,12 @@ from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.reads import TaskId, visible_task
 from batonq.service.state import client_of
 
+
+def actor(principal: Principal) -> str:
+    """Who a change is audited as: the API key."""
+    return f"key:{principal.key_id}"
+
+
 router = APIRouter(prefix="/v1", tags=["operate"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Operator = Annotated[Principal, Depends(require(OPERATOR))]
 Admin = Annotated[Principal, Depends(require(ADMIN))]
@@ -52,7 +58,7 @@ async def configure(
 ) -> s.QueueSettingsOut:
     """Fields left out keep their value. `paused: true` stops claims (enqueue still works)."""
     principal.check_queue(queue)
-    settings = await client_of(request).configure_queue(queue, **body.model_dump())
+    settings = await client_of(request).configure_queue(queue, **body.model_dump(), actor=actor(principal))
     return s.QueueSettingsOut.model_validate(settings, from_attributes=True)
 
 

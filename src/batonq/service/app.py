@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import batonq
 from batonq.client import AsyncClient
-from batonq.service import admin, discovery, problems, reads, stream, work
+from batonq.service import admin, discovery, problems, reads, schedules, stream, work
 from batonq.service.auth import FailedAuth
 from batonq.service.limits import (
     DEFAULT_MAX_STREAMS_PER_KEY,
@@ -171,7 +171,7 @@ def create_app(
     app.state.open_per_key = OpenPerKey(max_streams_per_key)
     app.state.failed_auth = FailedAuth()
     problems.install(app)
-    for module in (work, stream, reads, admin, discovery):
+    for module in (work, stream, reads, admin, schedules, discovery):
         app.include_router(module.router)
     from batonq.mcp.http import mount as mount_mcp  # imported here: batonq.mcp imports batonq.service
 
