@@ -4,12 +4,14 @@ pause stopping claims and long-polls at once."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
 import httpx
-from tests.e2e.live import LiveServer, claim, enqueue, problem
+from tests.e2e.conftest import KEEPALIVE_S
+from tests.e2e.live import LiveServer, Subscriber, claim, enqueue, problem
 
 
 def test_schedules_are_added_listed_paused_and_removed_within_scopes(
@@ -73,3 +75,21 @@ def test_pause_stops_claims_and_long_polls_at_once(http: httpx.Client) -> None:
         "entries"
     ]
     assert changed["actor"] == "key:1" and changed["after"]["paused"] is False
+
+
+def test_the_stream_announces_no_work_in_a_paused_queue(server: LiveServer, http: httpx.Client) -> None:
+    http.patch("/v1/queues/sse:paused", json={"paused": True})
+    enqueue(http, "sse:paused", {"n": 1})
+    subscriber = Subscriber(server, server.admin_key, "/v1/stream?queue=sse:paused")
+    try:
+        subscriber.next(":", timeout=10, data="ready")
+        # Everything up to the second keep-alive: no announcement among it.
+        heard = [subscriber.events.get(timeout=KEEPALIVE_S * 5)]
+        while sum(e.data == "keep-alive" for e in heard) < 2:
+            heard.append(subscriber.events.get(timeout=KEEPALIVE_S * 5))
+        assert [e.kind for e in heard] == [":"] * len(heard)
+        http.patch("/v1/queues/sse:paused", json={"paused": False})
+        announced = subscriber.next("available", timeout=10)
+        assert json.loads(announced.data) == {"queue": "sse:paused", "pending": 1}
+    finally:
+        subscriber.close()
