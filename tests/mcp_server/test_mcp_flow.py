@@ -1,9 +1,11 @@
 """Flow control over MCP: batonq_schedule, debounce on batonq_enqueue, and
-settings and schedules in batonq_queues."""
+settings and schedules in batonq_queues, and a paused queue's claims."""
 
 from __future__ import annotations
 
 from tests.mcp_server.support import call, make_key, refused, stdio_session
+
+import batonq
 
 
 async def test_schedule_tool_and_settings_in_queues(admin_dsn: str) -> None:
@@ -39,3 +41,13 @@ async def test_debounced_enqueue(admin_dsn: str) -> None:
         assert (second["created"], second["task_id"]) == (False, first["task_id"])
         [task] = (await call(session, "batonq_tasks", queue="digest"))["tasks"]
         assert task["payload"] == {"n": 1}
+
+
+async def test_claim_gets_nothing_from_a_paused_queue(admin_dsn: str) -> None:
+    async with stdio_session(admin_dsn) as session:
+        await call(session, "batonq_enqueue", queue="paused", payload={"n": 1})
+        with batonq.connect(admin_dsn) as admin:
+            admin.pause("paused")
+            assert (await call(session, "batonq_claim", queue="paused", wait_s=1))["task"] is None
+            admin.resume("paused")
+        assert (await call(session, "batonq_claim", queue="paused"))["task"]["row"] == {"n": 1}
