@@ -59,6 +59,9 @@ def test_pause_stops_claims_and_long_polls_at_once(http: httpx.Client) -> None:
     enqueue(http, "shop:paused", {"n": 1})
     settings = http.patch("/v1/queues/shop:paused", json={"paused": True})
     assert settings.json()["paused"] is True
+    shown = http.get("/v1/queues/shop:paused/settings").json()
+    assert (shown["paused"], shown["lease_s"], shown["max_attempts"]) == (True, 300, 3)
+    problem(http.get("/v1/queues/shop:none/settings"), 404, "queue_not_found")
     assert claim(http, "shop:paused") == []
     got: list[Any] = []
     started = time.monotonic()

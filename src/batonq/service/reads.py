@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from batonq import operations
 from batonq.client import AsyncClient
-from batonq.errors import InvalidArgument, TaskNotFound
+from batonq.errors import InvalidArgument, QueueNotFound, TaskNotFound
 from batonq.models import QueueStats, Task
 from batonq.operations import task_ref
 from batonq.rings import OBSERVER, scope_regex
@@ -70,6 +70,21 @@ async def queues(
         queues=[s.QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
         next_cursor=shown[-1].queue if len(shown) == limit else None,
     )
+
+
+@router.get("/queues/{queue}/settings", response_model=s.QueueSettingsOut, summary="A queue's settings")
+async def queue_settings(
+    request: Request,
+    queue: Annotated[str, Path(pattern=s.QUEUE_PATTERN, examples=["shop:tasks"])],
+    principal: Observer,
+) -> s.QueueSettingsOut:
+    """paused, lease, attempts, backoff, retention and body limit; change
+    them with `PATCH /v1/queues/{queue}` (admin)."""
+    principal.check_queue(queue)
+    for config in await reader_of(request).queue_configs():
+        if config.name == queue:
+            return s.QueueSettingsOut.model_validate(config, from_attributes=True)
+    raise QueueNotFound(f"queue {queue} does not exist", queue=queue)
 
 
 @router.get("/tasks", response_model=s.TaskListOut, summary="The newest tasks of a queue")
