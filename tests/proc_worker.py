@@ -10,6 +10,10 @@
         Prints "ready", long-polls one claim under a LEASE_S lease, prints the
         lease as JSON, and then sits on it until it is killed.
 
+    python tests/proc_worker.py sweep DSN INTERVAL_S GRACE_S
+        Runs a Sweeper (which fires the schedules while it leads); prints
+        "ready", and "leader" once it leads, then runs until it is killed.
+
 Not a test module: the tests start it through ``Worker``, defined below.
 """
 
@@ -22,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -72,6 +77,18 @@ def hold(dsn: str, queue: str, lease_s: int, wait_s: float, name: str) -> int:
                          "attempt": lease.attempt}))  # fmt: skip
         # "Working": blocked until the test kills us (or closes our stdin).
         sys.stdin.read()
+    return 0
+
+
+def sweep(dsn: str, interval_s: float, grace_s: float) -> int:
+    sweeper = batonq.Sweeper(dsn, interval_s=interval_s, schedule_grace_s=grace_s)
+    sweeper.start()
+    _say("ready")
+    while not sweeper.is_leader:  # a standby polls until it leads (or is killed)
+        time.sleep(0.05)
+    _say("leader")
+    sys.stdin.read()
+    sweeper.stop()
     return 0
 
 
@@ -148,6 +165,8 @@ def main(argv: list[str]) -> int:
             return drain(dsn, queue, int(batch), name)
         case ["hold", dsn, queue, lease_s, wait_s, name]:
             return hold(dsn, queue, int(lease_s), float(wait_s), name)
+        case ["sweep", dsn, interval_s, grace_s]:
+            return sweep(dsn, float(interval_s), float(grace_s))
     sys.stderr.write(__doc__ or "")
     return 2
 

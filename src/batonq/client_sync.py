@@ -29,6 +29,7 @@ from batonq.models import (
     JSON,
     MISSING,
     ApiKey,
+    AuditEntry,
     Edge,
     Enqueued,
     KeyAuth,
@@ -37,6 +38,8 @@ from batonq.models import (
     QueueConfig,
     QueueStats,
     RunStatus,
+    Schedule,
+    ScheduleFiring,
     Scorecard,
     SetAsideWrite,
     Submitted,
@@ -228,16 +231,27 @@ class Client:
         idempotency_key: str | None = None,
         held: bool = False,
         parent: int | str | None = None,
+        debounce_key: str | None = None,
+        debounce_s: float | None = None,
+        max_wait_s: float | None = None,
+        keep: str = "last",
         conn: psycopg.Connection[Any] | None = None,
     ) -> Enqueued:
         """Enqueue one task; with ``idempotency_key``, at most one task per
         key and queue. ``parent`` (``5521`` or ``"t_5521"``) links the lineage.
 
+        Debounce: enqueues with the same ``debounce_key`` less than
+        ``debounce_s`` apart collapse into one task (``created`` false for
+        all but the first), claimable ``debounce_s`` after the last of them,
+        or ``max_wait_s`` after the first; it carries the ``keep="last"``
+        payload, or the ``"first"``.
+
         ``conn`` joins your transaction: the task exists only if it commits.
         """
         call = operations.enqueue(
             queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
-            idempotency_key=idempotency_key, held=held, parent=parent,
+            idempotency_key=idempotency_key, held=held, parent=parent, debounce_key=debounce_key,
+            debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep,
         )  # fmt: skip
         return self._run(call, conn)
 
@@ -435,21 +449,79 @@ class Client:
         retention_s: int | None = None,
         max_body_bytes: int | None = None,
         paused: bool | None = None,
+        actor: str | None = None,
     ) -> QueueConfig:
-        """Create a queue or change its settings; None keeps a setting."""
+        """Create a queue or change its settings; None keeps a setting.
+        ``actor`` names who asks in the settings audit (a service passes its
+        caller's API key); by default the database role."""
         call = operations.configure_queue(
             queue, lease_s=lease_s, max_attempts=max_attempts, backoff_base_s=backoff_base_s,
             backoff_max_s=backoff_max_s, retention_s=retention_s,
-            max_body_bytes=max_body_bytes, paused=paused,
+            max_body_bytes=max_body_bytes, paused=paused, actor=actor,
         )  # fmt: skip
         return self._run(call)
 
-    def pause(self, queue: str) -> QueueConfig:
+    def pause(self, queue: str, *, actor: str | None = None) -> QueueConfig:
         """Stop handing out this queue's tasks (enqueue still works)."""
-        return self.configure_queue(queue, paused=True)
+        return self.configure_queue(queue, paused=True, actor=actor)
 
-    def resume(self, queue: str) -> QueueConfig:
-        return self.configure_queue(queue, paused=False)
+    def resume(self, queue: str, *, actor: str | None = None) -> QueueConfig:
+        return self.configure_queue(queue, paused=False, actor=actor)
+
+    def add_schedule(
+        self,
+        name: str,
+        cron: str,
+        queue: str,
+        payload: JSON = None,
+        *,
+        tz: str = "UTC",
+        missed: str = "fire-once",
+        actor: str | None = None,
+    ) -> Schedule:
+        """Enqueue ``payload`` into ``queue`` at each tick of ``cron`` (five
+        fields, or six with seconds last), read in time zone ``tz``.
+
+        A sweeper (``batonq serve``, ``batonq worker``, or ``sweeper=True``)
+        fires each tick once, whichever process leads. ``missed``: a tick
+        that passed while none ran fires once on recovery (``"fire-once"``)
+        or not at all (``"skip"``). Replaces a schedule of the same name.
+        """
+        call = operations.add_schedule(name, cron, queue, payload, tz=tz, missed=missed, actor=actor)
+        return self._run(call)
+
+    def remove_schedule(self, name: str, *, actor: str | None = None) -> bool:
+        """Remove a schedule; False if there was none."""
+        return self._run(operations.remove_schedule(name, actor=actor))
+
+    def pause_schedule(self, name: str, *, actor: str | None = None) -> Schedule:
+        """Stop firing a schedule's ticks until resumed."""
+        return self._run(operations.pause_schedule(name, True, actor=actor))
+
+    def resume_schedule(self, name: str, *, actor: str | None = None) -> Schedule:
+        """Fire a paused schedule's ticks again, from its next tick on (the
+        ticks that passed while paused are not fired)."""
+        return self._run(operations.pause_schedule(name, False, actor=actor))
+
+    def schedules(self) -> list[Schedule]:
+        return self._run(operations.schedules_list())
+
+    def schedule_firings(self, name: str, *, limit: int = 50) -> list[ScheduleFiring]:
+        """The ticks a schedule fired (the last week), newest first, with their tasks."""
+        return self._run(operations.schedule_firings(name, limit))
+
+    def settings_audit(
+        self,
+        *,
+        kind: str | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        before_id: int | None = None,
+    ) -> list[AuditEntry]:
+        """Changes to queue settings and schedules, newest first: who, when,
+        before and after. ``kind``: ``"queue"`` or ``"schedule"``."""
+        call = operations.settings_audit(kind=kind, name=name, limit=limit, before_id=before_id)
+        return self._run(call)
 
     def retry(self, task_id: int | str) -> Task:
         """Operator: run a dead or cancelled task again."""

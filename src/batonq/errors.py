@@ -22,6 +22,7 @@ __all__ = [
     "PermanentError",
     "QueueNotFound",
     "Retry",
+    "ScheduleNotFound",
     "SchemaMissing",
     "TaskFinished",
     "TaskNotFound",
@@ -96,6 +97,12 @@ class GraphCycle(BatonqError):
 
 class KeyNotFound(BatonqError):
     code = "key_not_found"
+
+
+class ScheduleNotFound(BatonqError):
+    """No schedule of that name; ``schedule`` names it."""
+
+    code = "schedule_not_found"
 
 
 class SchemaMissing(BatonqError):
@@ -175,6 +182,7 @@ _BY_SQLSTATE: dict[str, type[BatonqError]] = {
     "BQ009": KeyNotFound,
     "BQ010": JsonTooDeep,
     "BQ011": NumberTooLarge,
+    "BQ012": ScheduleNotFound,
 }
 
 

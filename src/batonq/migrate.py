@@ -45,6 +45,9 @@ ENGINE = (
     "graph",
     "keys",
     "dashboard",
+    "audit",
+    "schedules",
+    "debounce",
 )
 
 

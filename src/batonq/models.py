@@ -13,6 +13,7 @@ __all__ = [
     "JSON",
     "MISSING",
     "ApiKey",
+    "AuditEntry",
     "Edge",
     "Enqueued",
     "KeyAuth",
@@ -21,6 +22,8 @@ __all__ = [
     "QueueConfig",
     "QueueStats",
     "RunStatus",
+    "Schedule",
+    "ScheduleFiring",
     "Scorecard",
     "SetAsideWrite",
     "Submitted",
@@ -310,3 +313,51 @@ class Scorecard:
     late_writes: int
     median_s: float | None
     last_seen: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A cron schedule: each tick of ``cron`` (read in time zone ``tz``)
+    enqueues ``payload`` into ``queue``. ``missed``: what a tick that passed
+    while no firer ran does, ``fire-once`` (one task for all of them) or
+    ``skip``. ``next_tick`` is None until the firer has reckoned it."""
+
+    name: str
+    cron: str
+    tz: str
+    queue: str
+    payload: JSON
+    missed: str
+    paused: bool
+    armed_at: datetime
+    next_tick: datetime | None
+    last_tick: datetime | None
+    last_task_id: int | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleFiring:
+    """The task one tick of a schedule enqueued; ``catch_up``: fired late,
+    for the ticks missed while no firer ran."""
+
+    schedule: str
+    tick: datetime
+    task_id: int
+    catch_up: bool
+    fired_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One change to a queue's settings or a schedule: ``actor`` is the API
+    key (``key:7``) or the database role that made it; ``before`` is None
+    for a creation, ``after`` None for a removal."""
+
+    id: int
+    at: datetime
+    actor: str
+    kind: str
+    name: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None

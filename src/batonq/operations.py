@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from psycopg.types.json import Jsonb
 
+from batonq import schedules
 from batonq.errors import InvalidArgument
 from batonq.json_values import JsonText
 from batonq.limits import MAX_WAIT_S
@@ -20,6 +21,7 @@ from batonq.models import (
     JSON,
     MISSING,
     ApiKey,
+    AuditEntry,
     Edge,
     Enqueued,
     KeyAuth,
@@ -28,6 +30,8 @@ from batonq.models import (
     QueueConfig,
     QueueStats,
     RunStatus,
+    Schedule,
+    ScheduleFiring,
     Scorecard,
     SetAsideWrite,
     Submitted,
@@ -80,7 +84,24 @@ def enqueue(
     idempotency_key: str | None = None,
     held: bool = False,
     parent: int | str | None = None,
+    debounce_key: str | None = None,
+    debounce_s: float | None = None,
+    max_wait_s: float | None = None,
+    keep: str = "last",
 ) -> Call[Enqueued]:
+    if debounce_key is not None or debounce_s is not None:
+        if debounce_key is None or debounce_s is None:
+            raise InvalidArgument("debounce needs both debounce_key and debounce_s")
+        if delay_s or idempotency_key is not None or held or parent is not None:
+            raise InvalidArgument("a debounced enqueue takes no delay_s, idempotency_key, held or parent")
+        return Call(
+            "SELECT * FROM batonq.enqueue_debounced(%s, %s, %s, %s, %s, %s, %s, %s)",
+            (queue, debounce_key, _json(payload), float(debounce_s),
+             None if max_wait_s is None else float(max_wait_s), keep, priority, max_attempts),
+            _one(Enqueued),
+        )  # fmt: skip
+    if max_wait_s is not None:
+        raise InvalidArgument("max_wait_s needs debounce_key and debounce_s")
     return Call(
         "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)",
         (
@@ -256,10 +277,12 @@ def configure_queue(
     retention_s: int | None = None,
     max_body_bytes: int | None = None,
     paused: bool | None = None,
+    actor: str | None = None,
 ) -> Call[QueueConfig]:
     return Call(
-        "SELECT * FROM batonq.configure_queue(%s, %s, %s, %s, %s, %s, %s, %s)",
-        (queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s, max_body_bytes, paused),
+        "SELECT * FROM batonq.configure_queue_as(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (actor, queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s,
+         max_body_bytes, paused),
         _one(QueueConfig),
     )
 
@@ -428,4 +451,48 @@ def worker_scorecards(scopes: Sequence[str] = ("*",), *, since_s: float = 86400.
         "SELECT * FROM batonq.worker_scorecards(%s::text[], %s)",
         (_scopes(scopes), float(since_s)),
         _all(Scorecard),
+    )
+
+
+def add_schedule(
+    name: str,
+    cron: str,
+    queue: str,
+    payload: JSON = None,
+    *,
+    tz: str = "UTC",
+    missed: str = "fire-once",
+    actor: str | None = None,
+) -> Call[Schedule]:
+    schedules.check(cron, tz)
+    return Call(
+        "SELECT * FROM batonq.add_schedule(%s, %s, %s, %s, %s, %s, %s)",
+        (name, cron, queue, _json({} if payload is None else payload), tz, missed, actor),
+        _one(Schedule),
+    )
+
+
+def remove_schedule(name: str, *, actor: str | None = None) -> Call[bool]:
+    return Call("SELECT batonq.remove_schedule(%s, %s)", (name, actor), lambda rows: bool(rows[0][0]))
+
+
+def pause_schedule(name: str, paused: bool, *, actor: str | None = None) -> Call[Schedule]:
+    return Call("SELECT * FROM batonq.pause_schedule(%s, %s, %s)", (name, paused, actor), _one(Schedule))
+
+
+def schedules_list() -> Call[list[Schedule]]:
+    return Call("SELECT * FROM batonq.list_schedules()", (), _all(Schedule))
+
+
+def schedule_firings(name: str, limit: int = 50) -> Call[list[ScheduleFiring]]:
+    return Call("SELECT * FROM batonq.list_schedule_firings(%s, %s)", (name, limit), _all(ScheduleFiring))
+
+
+def settings_audit(
+    *, kind: str | None = None, name: str | None = None, limit: int = 50, before_id: int | None = None
+) -> Call[list[AuditEntry]]:
+    return Call(
+        "SELECT * FROM batonq.list_settings_audit(%s, %s, %s, %s)",
+        (kind, name, limit, before_id),
+        _all(AuditEntry),
     )

@@ -130,6 +130,17 @@ class EnqueueIn(Strict):
     max_attempts: Attempts | None = None
     held: bool = Field(False, description="enqueue held: not claimable until released")
     parent: TaskRef | None = Field(None, description="the parent task, for lineage")
+    debounce_key: str | None = Field(
+        None, min_length=1, max_length=512,
+        description="debounce: enqueues of this key less than debounce_s apart make one task",
+    )  # fmt: skip
+    debounce_s: float | None = Field(
+        None, gt=0, le=86400, description="the window: the task runs this long after the key's last enqueue"
+    )
+    max_wait_s: float | None = Field(
+        None, gt=0, le=315360000, description="with debounce: run at the latest this long after the first"
+    )
+    keep: Literal["last", "first"] = Field("last", description="with debounce: the payload the task carries")
 
 
 class EnqueueOut(BaseModel):
@@ -565,3 +576,58 @@ class ErrorBody(BaseModel):
 
 class ErrorOut(BaseModel):
     error: ErrorBody
+
+
+class ScheduleIn(Strict):
+    name: str = Field(pattern=QUEUE_NAME_PATTERN, examples=["nightly-report"])
+    cron: str = Field(
+        min_length=1, max_length=200, examples=["*/5 * * * *"],
+        description="five cron fields, or six with seconds last",
+    )  # fmt: skip
+    queue: str = QueueName
+    payload: Any = Field(default_factory=dict, description="what each tick enqueues")
+    tz: str = Field("UTC", max_length=64, examples=["Europe/Berlin"], description="IANA time zone")
+    missed: Literal["fire-once", "skip"] = Field(
+        "fire-once", description="ticks missed while no sweeper ran: one task for them all, or none"
+    )
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    cron: str
+    tz: str
+    queue: str
+    payload: Any
+    missed: Literal["fire-once", "skip"]
+    paused: bool
+    next_tick: datetime | None = Field(description="null until the sweeper has reckoned it")
+    last_tick: datetime | None
+    last_task_id: str | None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, found: models.Schedule) -> ScheduleOut:
+        return cls(
+            name=found.name, cron=found.cron, tz=found.tz, queue=found.queue, payload=found.payload,
+            missed=cast(Literal["fire-once", "skip"], found.missed), paused=found.paused,
+            next_tick=found.next_tick, last_tick=found.last_tick, last_task_id=tid(found.last_task_id),
+            created_at=found.created_at,
+        )  # fmt: skip
+
+
+class SchedulesOut(BaseModel):
+    schedules: list[ScheduleOut]
+
+
+class AuditEntryOut(BaseModel):
+    id: int
+    at: datetime
+    actor: str = Field(description="the API key (key:7) or database role that made the change")
+    kind: Literal["queue", "schedule"]
+    name: str
+    before: dict[str, Any] | None = Field(description="null: created")
+    after: dict[str, Any] | None = Field(description="null: removed")
+
+
+class AuditOut(BaseModel):
+    entries: list[AuditEntryOut]

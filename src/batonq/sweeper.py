@@ -1,7 +1,8 @@
-"""The sweeper: expires leases in queues nobody is claiming from, keeps
-the archive's partitions and retention, and vacuums the hot table's
-partitions as their dead row versions pile up. Any process may run one; an
-advisory lock elects a single leader, and the others stand by to take over."""
+"""The sweeper: expires leases in queues nobody is claiming from, fires
+cron schedules, keeps the archive's partitions and retention, and vacuums
+the hot table's partitions as their dead row versions pile up. Any process
+may run one; an advisory lock elects a single leader, and the others stand
+by to take over."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import threading
 import time
 
 import psycopg
+
+from batonq import schedules
 
 __all__ = ["Sweeper"]
 
@@ -27,8 +30,9 @@ SELECT format('%%I.%%I', s.schemaname, s.relname)
 
 
 class Sweeper:
-    """Runs ``batonq.sweep()`` about every ``interval_s`` seconds and
-    ``batonq.maintain()`` every ``maintain_every_s``, while leader; and
+    """Runs ``batonq.sweep()`` and fires the schedules' due ticks about every
+    ``interval_s`` seconds and ``batonq.maintain()`` every
+    ``maintain_every_s``, while leader; and
     VACUUMs each partition of the hot table that holds ``vacuum_dead`` dead
     row versions or more (0: never), when its role owns the tables.
 
@@ -36,7 +40,12 @@ class Sweeper:
     deletes one, so a busy queue leaves about two dead row versions per
     task; the claim reads past those at the head of its index until a vacuum
     removes them. Autovacuum at PostgreSQL's defaults looks at a database
-    once a minute, long enough for a busy queue to slow by a quarter."""
+    once a minute, long enough for a busy queue to slow by a quarter.
+
+    A schedule's tick fires within about ``interval_s`` of its time; one
+    found more than ``schedule_grace_s`` late (default: twice the interval,
+    at least 2 s) passed while no sweeper ran, and the schedule's missed-tick
+    setting decides whether it fires."""
 
     def __init__(
         self,
@@ -45,16 +54,19 @@ class Sweeper:
         interval_s: float = 1.0,
         maintain_every_s: float = 60.0,
         vacuum_dead: int = 20_000,
+        schedule_grace_s: float | None = None,
     ) -> None:
         self._dsn = dsn
         self.interval_s = interval_s
         self.maintain_every_s = maintain_every_s
         self.vacuum_dead = vacuum_dead
+        self.schedule_grace_s = max(2.0, 2 * interval_s) if schedule_grace_s is None else schedule_grace_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.is_leader = False
         self.swept = 0
         self.vacuums = 0
+        self.fired = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -93,6 +105,7 @@ class Sweeper:
             if self.is_leader:
                 row = conn.execute("SELECT batonq.sweep()").fetchone()
                 self.swept += int(row[0]) if row else 0
+                self._fire_schedules(conn)
                 if time.monotonic() >= next_maintain:
                     row = conn.execute("SELECT batonq.maintain()").fetchone()
                     report = row[0] if row else {}
@@ -103,6 +116,23 @@ class Sweeper:
                 if self.vacuum_dead > 0:
                     self._vacuum(conn)
             self._stop.wait(self.interval_s)
+
+    def _fire_schedules(self, conn: psycopg.Connection) -> None:
+        for name, cron, tz, armed_at, next_tick, now in conn.execute(
+            "SELECT * FROM batonq.due_schedules()"
+        ).fetchall():
+            try:
+                due = schedules.plan(
+                    cron, tz, armed_at=armed_at, next_tick=next_tick, now=now, grace_s=self.schedule_grace_s
+                )
+            except (ValueError, KeyError, LookupError) as error:  # written past the client's check
+                log.warning("schedule %s cannot be read (%s); skipped", name, error)
+                continue
+            row = conn.execute(
+                "SELECT batonq.fire_schedule(%s, %s, %s, %s, %s::timestamptz[], %s)",
+                (name, armed_at, next_tick, due.missed, due.ticks, due.next_tick),
+            ).fetchone()
+            self.fired += int(row[0]) if row else 0
 
     def _vacuum(self, conn: psycopg.Connection) -> None:
         for (table,) in conn.execute(_VACUUM_DUE, (self.vacuum_dead,)).fetchall():

@@ -16,7 +16,7 @@ def python_blocks(page: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.DOTALL)
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/graph.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/graph.md", "docs/flow-control.md"])
 def test_examples_run(
     page: str, admin_dsn: str, sql: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,6 +36,7 @@ WRITE_TOOLS = {
     "batonq_complete",
     "batonq_fail",
     "batonq_run",
+    "batonq_schedule",
 }
 READ_TOOLS = {"batonq_tasks", "batonq_queues"}
 

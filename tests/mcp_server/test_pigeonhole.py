@@ -115,8 +115,9 @@ async def test_the_short_names_are_aliases(target: Target, sql: Sql) -> None:
 
 
 ENQUEUE = "queue, payload, idempotency_key, priority, delay_seconds (or delay_s), max_attempts, parent"
+DEBOUNCE = ", debounce_key, debounce_seconds (or debounce_s), max_wait_seconds (or max_wait_s), keep"
 TAKES = {
-    "batonq_enqueue": ENQUEUE,
+    "batonq_enqueue": ENQUEUE + DEBOUNCE,
     "batonq_run": ENQUEUE + ", wait_seconds (or wait_s)",
     "batonq_claim": "queue, lease_seconds (or lease_s), wait_seconds (or wait_s)",
     "batonq_heartbeat": "lease_token, stage, lease_seconds (or lease_s)",
@@ -124,6 +125,7 @@ TAKES = {
     "batonq_fail": "lease_token, error, retry_delay_seconds (or retry_delay_s), requeue",
     "batonq_tasks": "queue, status (or state), limit",
     "batonq_queues": "no arguments",
+    "batonq_schedule": "action, name, cron, queue, payload, tz, missed",
 }
 
 
@@ -138,7 +140,7 @@ async def test_every_tool_refuses_an_unknown_argument(target: Target, sql: Sql) 
                     message
                     == "unknown arguments 'queue', 'payload', 'delay': batonq_queues takes no arguments"
                 )
-            elif name in ("batonq_enqueue", "batonq_run"):
+            elif name in ("batonq_enqueue", "batonq_run", "batonq_schedule"):
                 assert message == f"unknown argument 'delay': {name} takes {takes}"
             else:
                 assert message.startswith("unknown arguments ") and message.endswith(

@@ -10,7 +10,20 @@ from __future__ import annotations
 
 import click
 
-from batonq.cli import bench, enqueue, graph, keys, leases, mcp, migrate, queues, serve, tasks, worker
+from batonq.cli import (
+    bench,
+    enqueue,
+    graph,
+    keys,
+    leases,
+    mcp,
+    migrate,
+    queues,
+    schedules,
+    serve,
+    tasks,
+    worker,
+)
 from batonq.cli.common import EXIT_CODES_HELP, BatonqGroup, Settings, dsn_option
 
 __all__ = ["main"]
@@ -47,6 +60,8 @@ main.add_command(tasks.hold)
 main.add_command(tasks.release)
 main.add_command(queues.queues)
 main.add_command(queues.queue)
+main.add_command(queues.audit)
+main.add_command(schedules.schedule)
 main.add_command(worker.worker)
 main.add_command(graph.graph)
 main.add_command(serve.serve)

@@ -51,6 +51,14 @@ class Tally:
 )
 @click.option("--held", is_flag=True, help="Enqueue held: not claimable until `batonq release`.")
 @click.option("--parent", "parent_id", type=TASK_ID, help="The task this one is a child of.")
+@click.option("--debounce-key", metavar="KEY",
+              help="Debounce: enqueues of KEY less than --debounce apart make one task.")  # fmt: skip
+@click.option("--debounce", "debounce_s", type=float, metavar="SECONDS",
+              help="The debounce window: the task runs this long after the last enqueue.")  # fmt: skip
+@click.option("--max-wait", "max_wait_s", type=float, metavar="SECONDS",
+              help="With --debounce: run at the latest this long after the first enqueue.")  # fmt: skip
+@click.option("--keep", type=click.Choice(["last", "first"]), default="last", show_default=True,
+              help="With --debounce: the payload the task carries.")  # fmt: skip
 @click.option(
     "--from", "source", type=click.File("rb"), metavar="FILE",
     help="Enqueue every line of a JSON Lines file (- for stdin).",
@@ -75,6 +83,10 @@ def enqueue(
     max_attempts: int | None,
     held: bool,
     parent_id: int | None,
+    debounce_key: str | None,
+    debounce_s: float | None,
+    max_wait_s: float | None,
+    keep: str,
     source: IO[bytes] | None,
     batch: int,
     no_keys: bool,
@@ -89,6 +101,7 @@ def enqueue(
     \b
     Examples:
       batonq enqueue shop:tasks '{"order": 17}' --key order-17
+      batonq enqueue digest '{"user": 7}' --debounce-key user-7 --debounce 30
       batonq enqueue shards --from shards.jsonl
     """
     if source is None:
@@ -100,13 +113,17 @@ def enqueue(
         with open_client(ctx) as client:
             reply = client.enqueue(
                 queue, payload_json, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
-                idempotency_key=key, held=held, parent=parent_id,
+                idempotency_key=key, held=held, parent=parent_id, debounce_key=debounce_key,
+                debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep,
             )  # fmt: skip
         if as_json:
             echo_json(reply)
         else:
-            click.echo(f"{tid(reply.task_id)} {'created' if reply.created else 'already there'}")
+            existing = "debounced into it" if debounce_key is not None else "already there"
+            click.echo(f"{tid(reply.task_id)} {'created' if reply.created else existing}")
         return
+    if debounce_key is not None or debounce_s is not None:
+        usage_error("--debounce applies to one task, not with --from", ctx)
     if payload_json is not None or key is not None:
         usage_error("--from reads payloads and keys from the file: drop PAYLOAD_JSON and --key", ctx)
     prefix = _key_prefix(ctx, source, key_prefix, no_keys)

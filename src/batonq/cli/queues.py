@@ -1,7 +1,9 @@
-"""Queues: ``batonq queues`` (depth per state) and ``batonq queue
-configure|pause|resume``."""
+"""Queues: ``batonq queues`` (depth per state, or settings), ``batonq queue
+configure|pause|resume``, and ``batonq audit`` (who changed which setting)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
@@ -10,24 +12,30 @@ from batonq.cli.output import echo_json, format_age, print_table
 from batonq.limits import MAX_LEASE_S, MIN_LEASE_S
 from batonq.models import QueueConfig
 
-__all__ = ["queue", "queues"]
+__all__ = ["audit", "queue", "queues"]
 
 _COUNTS = ("pending", "scheduled", "leased", "held", "waiting", "done", "dead", "cancelled")
 
 
 @click.command()
+@click.option("--settings", is_flag=True, help="Show each queue's settings instead of its counts.")
 @json_option
 @click.pass_context
-def queues(ctx: click.Context, as_json: bool) -> None:
-    """Show every queue: tasks per state and the oldest pending task's age.
+def queues(ctx: click.Context, settings: bool, as_json: bool) -> None:
+    """Show every queue: tasks per state and the oldest pending task's age
+    (or, with --settings, its settings).
 
     pending counts tasks claimable now; scheduled, those whose delay or retry
     time is still ahead.
 
     \b
-    Example:
+    Examples:
       batonq queues
+      batonq queues --settings
     """
+    if settings:
+        _settings(ctx, as_json)
+        return
     with open_client(ctx) as client:
         stats = client.queues()
     if as_json:
@@ -46,6 +54,22 @@ def queues(ctx: click.Context, as_json: bool) -> None:
     print_table(
         ["queue", "paused", *_COUNTS, "oldest pending"], rows, right=frozenset([*_COUNTS, "oldest pending"])
     )
+
+
+def _settings(ctx: click.Context, as_json: bool) -> None:
+    with open_client(ctx) as client:
+        configs = client.queue_configs()
+    if as_json:
+        for config in configs:
+            echo_json(config)
+        return
+    columns = ["queue", "paused", "lease s", "max attempts", "backoff s", "retention s", "max body bytes"]
+    rows = [
+        [c.name, "yes" if c.paused else "", str(c.lease_s), str(c.max_attempts),
+         f"{c.backoff_base_s:g}..{c.backoff_max_s:g}", str(c.retention_s), str(c.max_body_bytes)]
+        for c in configs
+    ]  # fmt: skip
+    print_table(columns, rows, right=frozenset(columns[2:]))
 
 
 def _echo_config(config: QueueConfig, as_json: bool) -> None:
@@ -148,3 +172,37 @@ def resume(ctx: click.Context, name: str, as_json: bool) -> None:
     """
     with open_client(ctx) as client:
         _echo_config(client.resume(name), as_json)
+
+
+@click.command()
+@click.option("--kind", type=click.Choice(["queue", "schedule"]), help="Only queues, or only schedules.")
+@click.option("--name", metavar="NAME", help="Only this queue's or schedule's changes.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, metavar="N")
+@json_option
+@click.pass_context
+def audit(ctx: click.Context, kind: str | None, name: str | None, limit: int, as_json: bool) -> None:
+    """Show who changed queue settings and schedules, and when, newest first.
+
+    \b
+    Example:
+      batonq audit --kind schedule
+    """
+    with open_client(ctx) as client:
+        entries = client.settings_audit(kind=kind, name=name, limit=limit)
+    if as_json:
+        for entry in entries:
+            echo_json(entry)
+        return
+    rows = [
+        [e.at.strftime("%Y-%m-%d %H:%M:%S UTC"), e.actor, e.kind, e.name, _change(e.before, e.after)]
+        for e in entries
+    ]
+    print_table(["at", "who", "kind", "name", "change"], rows)
+
+
+def _change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    if before is None:
+        return "created"
+    if after is None:
+        return "removed"
+    return ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in after.items() if before.get(k) != v)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 import psycopg
 from mcp.server.mcpserver import Context
@@ -28,7 +28,17 @@ from batonq.limits import MAX_ATTEMPTS, MAX_DELAY_S, MAX_LEASE_S, MAX_WAIT_S, MI
 from batonq.mcp.caller import Caller, caller_of
 from batonq.mcp.tasks import speaks_tasks
 from batonq.models import FINISHED_STATES, Enqueued, Lease, Submitted, task_ref
-from batonq.schemas import EnqueueOut, QueueStatsOut, SetAsideOut, State, TaskOut, tid
+from batonq.rings import ADMIN, OPERATOR, RINGS
+from batonq.schemas import (
+    EnqueueOut,
+    QueueSettingsOut,
+    QueueStatsOut,
+    ScheduleOut,
+    SetAsideOut,
+    State,
+    TaskOut,
+    tid,
+)
 
 __all__ = ["READ_TOOLS", "TOOLS", "ToolSpec"]
 
@@ -75,6 +85,37 @@ WaitSeconds = Annotated[
 ]
 Parent = Annotated[
     str | None, Field(description="The task this one derives from, as 't_12': links the lineage.")
+]
+DebounceKey = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=512,
+        description="Debounce: enqueues of this key less than debounce_seconds apart make ONE task "
+        "(created=false for the later ones), run debounce_seconds after the last of them.",
+    ),
+]
+DebounceSeconds = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        le=86400,
+        validation_alias=AliasChoices("debounce_seconds", "debounce_s"),
+        description="With debounce_key: the window, in seconds.",
+    ),
+]
+MaxWaitSeconds = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        le=315360000,
+        validation_alias=AliasChoices("max_wait_seconds", "max_wait_s"),
+        description="With debounce_key: run at the latest this long after the window's first enqueue.",
+    ),
+]
+Keep = Annotated[
+    Literal["last", "first"],
+    Field(description="With debounce_key: the payload the task carries, the last enqueued or the first."),
 ]
 
 
@@ -147,8 +188,15 @@ class TasksOut(BaseModel):
     )
 
 
+class ScheduleChange(BaseModel):
+    action: str
+    schedule: ScheduleOut | None = Field(description="the schedule after the change; null once removed")
+
+
 class QueuesOut(BaseModel):
     queues: list[QueueStatsOut]
+    settings: list[QueueSettingsOut]
+    schedules: list[ScheduleOut]
 
 
 _FINISHED = {
@@ -223,11 +271,16 @@ async def batonq_enqueue(
     delay_seconds: DelaySeconds = 0,
     max_attempts: MaxAttempts = None,
     parent: Parent = None,
+    debounce_key: DebounceKey = None,
+    debounce_seconds: DebounceSeconds = None,
+    max_wait_seconds: MaxWaitSeconds = None,
+    keep: Keep = "last",
 ) -> EnqueueOut:
     caller = caller_of(ctx)
     made = await _enqueue(
         caller, "batonq_enqueue", queue, payload, idempotency_key, priority, delay_seconds, max_attempts,
-        parent,
+        parent, debounce_key=debounce_key, debounce_s=debounce_seconds, max_wait_s=max_wait_seconds,
+        keep=keep,
     )  # fmt: skip
     return EnqueueOut.of(made)
 
@@ -242,16 +295,17 @@ async def _enqueue(
     delay_seconds: float,
     max_attempts: int | None,
     parent: str | None,
+    **debounce: Any,
 ) -> Enqueued:
     caller.check_write(tool)
     caller.check_queue(queue)
-    _storable(payload=payload, idempotency_key=idempotency_key, parent=parent)
+    _storable(payload=payload, idempotency_key=idempotency_key, parent=parent, **debounce)
     with _as_tool_errors():
         if parent is not None:
             await visible_task(caller.client, caller.access, parent)
         return await caller.client.enqueue(
             queue, payload, priority=priority, delay_s=delay_seconds, max_attempts=max_attempts,
-            idempotency_key=idempotency_key, parent=parent,
+            idempotency_key=idempotency_key, parent=parent, **debounce,
         )  # fmt: skip
 
 
@@ -369,13 +423,72 @@ async def batonq_queues(ctx: Context[Any, Any]) -> QueuesOut:
     caller = caller_of(ctx)
     with _as_tool_errors():
         stats = await caller.client.queues()
+        settings = await caller.client.queue_configs()
+        schedules = await caller.client.schedules()
     return QueuesOut(
         queues=[
             QueueStatsOut.model_validate(q, from_attributes=True)
             for q in stats
             if caller.access.covers(q.queue)
-        ]
+        ],
+        settings=[
+            QueueSettingsOut.model_validate(c, from_attributes=True)
+            for c in settings
+            if caller.access.covers(c.name)
+        ],
+        schedules=[ScheduleOut.of(f) for f in schedules if caller.access.covers(f.queue)],
     )
+
+
+async def batonq_schedule(
+    ctx: Context[Any, Any],
+    action: Annotated[
+        Literal["add", "remove", "pause", "resume"],
+        Field(description="add (or replace) a schedule, remove it, pause or resume it."),
+    ],
+    name: Annotated[
+        str, Field(pattern=QUEUE_NAME_PATTERN, description="The schedule's name, e.g. 'nightly'.")
+    ],
+    cron: Annotated[
+        str | None,
+        Field(max_length=200, description="For add: five cron fields, or six with seconds last."),
+    ] = None,
+    queue: Annotated[
+        str | None,
+        Field(pattern=QUEUE_NAME_PATTERN, description="For add: the queue each tick enqueues into."),
+    ] = None,
+    payload: Annotated[Any, Field(description="For add: what each tick enqueues (default {}).")] = None,
+    tz: Annotated[str, Field(max_length=64, description="For add: IANA time zone (Europe/Berlin).")] = "UTC",
+    missed: Annotated[
+        Literal["fire-once", "skip"],
+        Field(description="For add: ticks missed while no sweeper ran make one task (fire-once) or none."),
+    ] = "fire-once",
+) -> ScheduleChange:
+    caller = caller_of(ctx)
+    needed = ADMIN if action in ("add", "remove") else OPERATOR
+    if caller.access.ring > needed:
+        raise ToolError(
+            f"forbidden: {action} of a schedule needs a key of ring {needed} ({RINGS[needed]}) or stronger"
+        )
+    client = caller.client
+    with _as_tool_errors():
+        for found in await client.schedules():
+            if found.name == name:
+                caller.check_queue(found.queue)
+        actor = f"key:{caller.access.key_id}" if caller.access.key_id else f"mcp:{caller.worker}"
+        if action == "add":
+            if cron is None or queue is None:
+                raise ToolError("invalid_argument: add needs cron and queue")
+            caller.check_queue(queue)
+            _storable(payload=payload)
+            added = await client.add_schedule(name, cron, queue, payload, tz=tz, missed=missed, actor=actor)
+            return ScheduleChange(action=action, schedule=ScheduleOut.of(added))
+        if action == "remove":
+            if not await client.remove_schedule(name, actor=actor):
+                raise errors.ScheduleNotFound(f"schedule {name} does not exist")
+            return ScheduleChange(action=action, schedule=None)
+        change = client.pause_schedule if action == "pause" else client.resume_schedule
+        return ScheduleChange(action=action, schedule=ScheduleOut.of(await change(name, actor=actor)))
 
 
 RUN_POLL_S = 1.0
@@ -519,9 +632,21 @@ TOOLS: dict[str, ToolSpec] = {
         title="List queues",
         description=(
             "Every queue you may use, with its counts per state and the age of its oldest claimable "
-            "task. Read-only."
+            "task; each queue's settings (paused, lease, attempts, backoff, retention); and the cron "
+            "schedules that enqueue into them. Read-only."
         ),
         annotations=_hints(read_only=True),
+    ),
+    "batonq_schedule": ToolSpec(
+        fn=batonq_schedule,
+        title="Add, remove, pause or resume a cron schedule",
+        description=(
+            "A schedule enqueues payload into queue at each tick of cron (read in time zone tz), "
+            "fired once per tick by batonq's sweeper. add replaces a schedule of the same name; pause "
+            "stops its ticks, resume fires them again from the next one. add and remove need an admin "
+            "key (ring 0), pause and resume an operator's (ring 1). batonq_queues lists schedules."
+        ),
+        annotations=_hints(read_only=False, destructive=True, idempotent=True),
     ),
 }
 

@@ -16,6 +16,12 @@ from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.reads import TaskId
 from batonq.service.state import client_of
 
+
+def actor(access: Access) -> str:
+    """Who a change is audited as: the API key."""
+    return f"key:{access.key_id}"
+
+
 router = APIRouter(prefix="/v1", tags=["operate"], responses=ERROR_RESPONSES, route_class=JsonRoute)
 Operator = Annotated[Access, Depends(require(OPERATOR))]
 Admin = Annotated[Access, Depends(require(ADMIN))]
@@ -53,7 +59,7 @@ async def configure(
 ) -> s.QueueSettingsOut:
     """Fields left out keep their value. `paused: true` stops claims (enqueue still works)."""
     access.check_queue(queue)
-    settings = await client_of(request).configure_queue(queue, **body.model_dump())
+    settings = await client_of(request).configure_queue(queue, **body.model_dump(), actor=actor(access))
     return s.QueueSettingsOut.model_validate(settings, from_attributes=True)
 
 

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batonq.access import FailedAuth
 from batonq.client import AsyncClient
-from batonq.service import admin, discovery, problems, reads, stream, work
+from batonq.service import admin, discovery, problems, reads, schedules, stream, work
 from batonq.service.limits import (
     DEFAULT_MAX_STREAMS_PER_KEY,
     DEFAULT_NEW_QUEUES_PER_HOUR,
@@ -172,7 +172,7 @@ def create_app(
     app.state.open_per_key = OpenPerKey(max_streams_per_key)
     app.state.failed_auth = FailedAuth()
     problems.install(app)
-    for module in (work, stream, reads, admin, discovery):
+    for module in (work, stream, reads, admin, schedules, discovery):
         app.include_router(module.router)
     app.add_middleware(Limits, max_body_bytes=max_body_bytes, metrics=metrics)
     return app

@@ -26,6 +26,7 @@ STATUS: dict[type[errors.BatonqError], int] = {
     errors.InvalidToken: 400,
     errors.TaskNotFound: 404,
     errors.QueueNotFound: 404,
+    errors.ScheduleNotFound: 404,
     errors.KeyNotFound: 404,
     errors.PayloadTooLarge: 413,
     errors.InvalidState: 409,

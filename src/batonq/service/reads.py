@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from batonq import models
 from batonq import schemas as s
 from batonq.access import Access, visible_task
-from batonq.errors import InvalidArgument, TaskNotFound
+from batonq.errors import InvalidArgument, QueueNotFound, TaskNotFound
 from batonq.limits import MAX_PAGE, QUEUE_NAME_PATTERN
 from batonq.models import QueueStats, task_ref
 from batonq.rings import OBSERVER, scope_regex
@@ -52,6 +52,21 @@ async def queues(
         queues=[s.QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
         next_cursor=shown[-1].queue if len(shown) == limit else None,
     )
+
+
+@router.get("/queues/{queue}/settings", response_model=s.QueueSettingsOut, summary="A queue's settings")
+async def queue_settings(
+    request: Request,
+    queue: Annotated[str, Path(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])],
+    access: Observer,
+) -> s.QueueSettingsOut:
+    """paused, lease, attempts, backoff, retention and body limit; change
+    them with `PATCH /v1/queues/{queue}` (admin)."""
+    access.check_queue(queue)
+    for config in await reader_of(request).queue_configs():
+        if config.name == queue:
+            return s.QueueSettingsOut.model_validate(config, from_attributes=True)
+    raise QueueNotFound(f"queue {queue} does not exist", queue=queue)
 
 
 @router.get("/tasks", response_model=s.TaskListOut, summary="The newest tasks of a queue")

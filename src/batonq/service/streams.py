@@ -84,6 +84,8 @@ class _QueueCount:
             self._next = None  # from here on, a stream that asks waits for the next count
         started = time.monotonic()
         stats = await self._client.queues(self._queue)
-        pending = stats[0].pending if stats else 0
+        # A paused queue has nothing claimable: announcing its tasks would
+        # send subscribers to claims that get nothing (resume wakes them).
+        pending = stats[0].pending if stats and not stats[0].paused else 0
         self._known = (started, pending)
         return pending

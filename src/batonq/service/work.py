@@ -77,9 +77,12 @@ async def enqueue(
         created = await client.enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
             max_attempts=body.max_attempts, idempotency_key=body.idempotency_key or idempotency_key,
-            held=body.held, parent=body.parent,
+            held=body.held, parent=body.parent, debounce_key=body.debounce_key, debounce_s=body.debounce_s,
+            max_wait_s=body.max_wait_s, keep=body.keep,
         )  # fmt: skip
         return s.EnqueueOut.of(created)
+    if any(item.debounce_key is not None or item.debounce_s is not None for item in items):
+        raise ApiError(400, "invalid_argument", "debounce applies to one task: send an object, not a list")
     groups: dict[tuple[str, int | None, bool, int | str | None], list[int]] = defaultdict(list)
     for index, item in enumerate(items):
         groups[(item.queue, item.max_attempts, item.held, item.parent)].append(index)

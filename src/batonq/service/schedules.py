@@ -1,0 +1,100 @@
+"""Cron schedules and the settings audit over HTTP. A key sees and changes
+the schedules of the queues its scopes cover; adding or removing one is an
+admin's (ring 0), pausing and resuming an operator's (ring 1)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+
+from batonq import schemas as s
+from batonq.access import Access
+from batonq.errors import ScheduleNotFound
+from batonq.limits import QUEUE_NAME_PATTERN
+from batonq.models import AuditEntry, Schedule
+from batonq.rings import ADMIN, OBSERVER, OPERATOR
+from batonq.service.admin import actor
+from batonq.service.auth import require
+from batonq.service.body import JsonRoute
+from batonq.service.problems import ERROR_RESPONSES
+from batonq.service.state import client_of
+
+router = APIRouter(prefix="/v1", tags=["schedules"], responses=ERROR_RESPONSES, route_class=JsonRoute)
+Observer = Annotated[Access, Depends(require(OBSERVER))]
+Operator = Annotated[Access, Depends(require(OPERATOR))]
+Admin = Annotated[Access, Depends(require(ADMIN))]
+ScheduleName = Annotated[str, Path(pattern=QUEUE_NAME_PATTERN, examples=["nightly-report"])]
+
+
+async def _visible(request: Request, access: Access, name: str) -> Schedule:
+    """The schedule, if the key covers its queue; else it does not exist for it."""
+    for found in await client_of(request).schedules():
+        if found.name == name and access.covers(found.queue):
+            return found
+    raise ScheduleNotFound(f"schedule {name} does not exist", schedule=name)
+
+
+@router.get("/schedules", response_model=s.SchedulesOut, summary="Cron schedules of the key's queues")
+async def schedules(request: Request, access: Observer) -> s.SchedulesOut:
+    found = await client_of(request).schedules()
+    return s.SchedulesOut(schedules=[s.ScheduleOut.of(f) for f in found if access.covers(f.queue)])
+
+
+@router.post("/schedules", response_model=s.ScheduleOut, summary="Add (or replace) a cron schedule")
+async def add_schedule(request: Request, body: s.ScheduleIn, access: Admin) -> s.ScheduleOut:
+    """Each tick of `cron`, read in time zone `tz`, enqueues `payload` into
+    `queue`, fired once by the leading sweeper. A schedule of the same name is
+    replaced, and its next tick is the first from now."""
+    access.check_queue(body.queue)
+    client = client_of(request)
+    for replaced in await client.schedules():  # replacing one needs its queue covered too
+        if replaced.name == body.name:
+            access.check_queue(replaced.queue)
+    added = await client.add_schedule(
+        body.name, body.cron, body.queue, body.payload, tz=body.tz, missed=body.missed, actor=actor(access)
+    )
+    return s.ScheduleOut.of(added)
+
+
+@router.delete("/schedules/{name}", status_code=204, summary="Remove a cron schedule")
+async def remove_schedule(request: Request, name: ScheduleName, access: Admin) -> None:
+    """Tasks it already enqueued stay. 404 if there is no such schedule."""
+    await _visible(request, access, name)
+    if not await client_of(request).remove_schedule(name, actor=actor(access)):
+        raise ScheduleNotFound(f"schedule {name} does not exist", schedule=name)
+
+
+@router.post("/schedules/{name}/{action}", response_model=s.ScheduleOut, summary="Pause or resume a schedule")
+async def pause_schedule(
+    request: Request, name: ScheduleName, action: Literal["pause", "resume"], access: Operator
+) -> s.ScheduleOut:
+    """pause: no tick fires; resume: ticks fire again from the next one (those
+    that passed while paused are not fired)."""
+    await _visible(request, access, name)
+    client = client_of(request)
+    change = client.pause_schedule if action == "pause" else client.resume_schedule
+    return s.ScheduleOut.of(await change(name, actor=actor(access)))
+
+
+def _covered(access: Access, entry: AuditEntry) -> bool:
+    if entry.kind == "queue":
+        return access.covers(entry.name)
+    row = entry.after or entry.before or {}
+    return access.covers(str(row.get("queue", "")))
+
+
+@router.get("/audit", response_model=s.AuditOut, summary="Who changed queue settings and schedules, and when")
+async def audit(
+    request: Request,
+    access: Admin,
+    kind: Annotated[Literal["queue", "schedule"] | None, Query()] = None,
+    name: Annotated[str | None, Query(pattern=QUEUE_NAME_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    before_id: Annotated[int | None, Query(ge=1, le=s.MAX_ID)] = None,
+) -> s.AuditOut:
+    """Newest first, of the queues the key covers (a schedule: its queue).
+    `before_id` pages on; `before` is null for a creation, `after` for a removal."""
+    found = await client_of(request).settings_audit(kind=kind, name=name, limit=limit, before_id=before_id)
+    shown = [e for e in found if _covered(access, e)]
+    return s.AuditOut(entries=[s.AuditEntryOut.model_validate(e, from_attributes=True) for e in shown])

@@ -1,0 +1,80 @@
+-- batonq engine: the audit of settings changes -- who changed a queue's
+-- settings or a schedule, when, and from what to what.
+
+-- Who changed a setting: the API key a service acts for (batonq._act_as),
+-- else the database role that logged in (session_user: SECURITY DEFINER
+-- functions run as their owner, so current_user would always name it).
+CREATE OR REPLACE FUNCTION batonq._actor() RETURNS text
+LANGUAGE sql STABLE
+RETURN coalesce(nullif(current_setting('batonq.actor', true), ''), session_user::text);
+
+-- Name who acts for the rest of this transaction (NULL: the database role).
+CREATE OR REPLACE FUNCTION batonq._act_as(p_actor text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('batonq.actor', coalesce(p_actor, ''), true);
+END $$;
+
+-- A trigger, so that changes made any way are audited: by the client, by
+-- an enqueue that creates its queue, by an UPDATE typed into psql.
+-- Schedules' firing bookkeeping (next_tick, last_tick, last_task_id) is
+-- not a setting and is left out.
+CREATE OR REPLACE FUNCTION batonq._audit_settings() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_before jsonb := CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) - '{next_tick,last_tick,last_task_id}'::text[] END;
+    v_after  jsonb := CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) - '{next_tick,last_tick,last_task_id}'::text[] END;
+BEGIN
+    IF v_before IS DISTINCT FROM v_after THEN
+        INSERT INTO batonq.settings_audit (actor, kind, name, before, after)
+        VALUES (batonq._actor(), TG_ARGV[0], coalesce(v_after, v_before) ->> 'name', v_before, v_after);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER queues_audit AFTER INSERT OR UPDATE OR DELETE ON batonq.queues
+    FOR EACH ROW EXECUTE FUNCTION batonq._audit_settings('queue');
+
+CREATE OR REPLACE TRIGGER schedules_audit AFTER INSERT OR UPDATE OR DELETE ON batonq.schedules
+    FOR EACH ROW EXECUTE FUNCTION batonq._audit_settings('schedule');
+
+-- configure_queue on behalf of p_actor (a service's API key), audited so.
+CREATE OR REPLACE FUNCTION batonq.configure_queue_as(
+    p_actor          text,
+    p_queue          text,
+    p_lease_s        integer DEFAULT NULL,
+    p_max_attempts   integer DEFAULT NULL,
+    p_backoff_base_s double precision DEFAULT NULL,
+    p_backoff_max_s  double precision DEFAULT NULL,
+    p_retention_s    integer DEFAULT NULL,
+    p_max_body_bytes integer DEFAULT NULL,
+    p_paused         boolean DEFAULT NULL
+) RETURNS batonq.queues
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_queue batonq.queues;
+BEGIN
+    PERFORM batonq._act_as(p_actor);
+    v_queue := batonq.configure_queue(p_queue, p_lease_s, p_max_attempts, p_backoff_base_s,
+                                      p_backoff_max_s, p_retention_s, p_max_body_bytes, p_paused);
+    PERFORM batonq._act_as(NULL);
+    RETURN v_queue;
+END $$;
+
+-- The newest audit entries first, optionally of one kind and name; a page
+-- ends before the entry before_id.
+CREATE OR REPLACE FUNCTION batonq.list_settings_audit(
+    p_kind text DEFAULT NULL, p_name text DEFAULT NULL, p_limit integer DEFAULT 50, p_before_id bigint DEFAULT NULL
+) RETURNS SETOF batonq.settings_audit
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM batonq.settings_audit
+     WHERE (p_kind IS NULL OR kind = p_kind) AND (p_name IS NULL OR name = p_name)
+       AND (p_before_id IS NULL OR id < p_before_id)
+     ORDER BY id DESC
+     LIMIT least(greatest(p_limit, 1), 1000);
+END;
+
+-- A function is executable by PUBLIC when made: take that back. Reading
+-- the audit and acting for someone else stay with the schema's owner.
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;

@@ -1,0 +1,77 @@
+"""batonq schedule, enqueue --debounce, queues --settings and audit, run
+in-process with CliRunner against real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner, Result
+from tests.cli.test_cli import Run, lines
+
+import batonq
+from batonq.cli import main
+
+
+@pytest.fixture
+def run(admin_dsn: str) -> Run:
+    def invoke(*args: str) -> Result:
+        return CliRunner().invoke(main, list(args), env={"BATONQ_DATABASE_URL": admin_dsn})
+
+    return invoke
+
+
+COMMANDS = [
+    ["schedule", "add"], ["schedule", "list"], ["schedule", "remove"], ["schedule", "pause"],
+    ["schedule", "resume"], ["schedule", "firings"], ["audit"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_flow_command_has_help_with_an_example(command: list[str]) -> None:
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0 and "Example" in result.output
+
+
+def test_schedule_add_list_pause_resume_remove(run: Run, admin: batonq.Client) -> None:
+    added = run("schedule", "add", "report", "--cron", "0 7 * * 1-5", "--queue", "reports",
+                "--payload", '{"kind": "weekly"}', "--tz", "Europe/Berlin", "--missed", "skip")  # fmt: skip
+    assert added.exit_code == 0, added.output
+    assert added.stdout.startswith("report: '0 7 * * 1-5' (Europe/Berlin) -> reports, missed ticks skip")
+    [shown] = lines(run("schedule", "list", "--json"))
+    assert (shown["queue"], shown["payload"], shown["missed"]) == ("reports", {"kind": "weekly"}, "skip")
+    assert "paused" in run("schedule", "pause", "report").stdout
+    assert admin.schedules()[0].paused
+    assert run("schedule", "resume", "report").exit_code == 0
+    assert run("schedule", "remove", "report").stdout == "report: removed\n"
+    gone = run("schedule", "remove", "report")
+    assert (gone.exit_code, gone.stdout) == (1, "report: no such schedule\n")
+
+
+def test_a_bad_cron_is_an_error(run: Run) -> None:
+    result = run("schedule", "add", "x", "--cron", "every day", "--queue", "q")
+    assert result.exit_code == 1
+    assert "invalid cron expression 'every day'" in result.output
+
+
+def test_enqueue_debounce_collapses_into_one_task(run: Run) -> None:
+    first = run("enqueue", "digest", '{"n": 1}', "--debounce-key", "u7", "--debounce", "60")
+    second = run("enqueue", "digest", '{"n": 2}', "--debounce-key", "u7", "--debounce", "60", "--json")
+    task = first.stdout.split()[0]
+    assert first.stdout == f"{task} created\n"
+    reply = json.loads(second.stdout)
+    assert (reply["created"], reply["task_id"]) == (False, task)
+    assert json.loads(run("task", task, "--json").stdout)["payload"] == {"n": 2}
+
+
+def test_queue_settings_and_audit(run: Run) -> None:
+    assert run("queue", "configure", "shards", "--lease", "90").exit_code == 0
+    assert run("queue", "pause", "shards").exit_code == 0
+    settings = run("queues", "--settings")
+    assert settings.exit_code == 0
+    [row] = [line for line in settings.stdout.splitlines() if line.startswith("shards")]
+    assert row.split()[:3] == ["shards", "yes", "90"]
+    audit = run("audit", "--kind", "queue", "--name", "shards")
+    [paused] = [line for line in audit.stdout.splitlines() if "paused False -> True" in line]
+    assert "postgres  queue  shards" in paused
+    assert "lease_s 300 -> 90" in audit.stdout

@@ -1,0 +1,175 @@
+"""Cron schedules: settings, audit, and each tick fired exactly once by
+competing sweeper processes, one of them killed, and across an outage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from tests.proc_worker import Worker
+from tests.waiting import wait_for
+
+import batonq
+
+EVERY_SECOND = "* * * * * *"
+
+
+def _ticks(sql: psycopg.Connection[Any], schedule: str) -> list[tuple[datetime, int, bool]]:
+    return sql.execute(
+        "SELECT tick, task_id, catch_up FROM batonq.schedule_firings WHERE schedule = %s ORDER BY tick",
+        (schedule,),
+    ).fetchall()
+
+
+def _seconds(start: datetime, end: datetime) -> list[datetime]:
+    """Every whole second from ``start`` to ``end``, both included."""
+    out, tick = [], start
+    while tick <= end:
+        out.append(tick)
+        tick += timedelta(seconds=1)
+    return out
+
+
+def test_add_list_pause_resume_remove_and_audit(admin: batonq.Client) -> None:
+    made = admin.add_schedule("nightly", "30 2 * * *", "reports", {"kind": "daily"}, tz="Europe/Berlin")
+    assert (made.cron, made.tz, made.queue, made.payload, made.missed, made.paused) == (
+        "30 2 * * *", "Europe/Berlin", "reports", {"kind": "daily"}, "fire-once", False,
+    )  # fmt: skip
+    assert [s.name for s in admin.schedules()] == ["nightly"]
+    assert admin.pause_schedule("nightly", actor="key:7").paused
+    assert not admin.resume_schedule("nightly").paused
+    assert admin.remove_schedule("nightly")
+    assert not admin.remove_schedule("nightly")
+    with pytest.raises(batonq.ScheduleNotFound):
+        admin.pause_schedule("nightly")
+
+    audit = admin.settings_audit(kind="schedule", name="nightly")
+    assert [(e.before is None, e.after is None) for e in reversed(audit)] == [
+        (True, False), (False, False), (False, False), (False, True),
+    ]  # fmt: skip
+    paused = audit[2]
+    assert paused.actor == "key:7" and paused.before and paused.after
+    assert (paused.before["paused"], paused.after["paused"]) == (False, True)
+    assert audit[0].actor == "postgres"  # the database role, when no key is named
+
+
+def test_queue_settings_changes_are_audited_with_who(admin: batonq.Client) -> None:
+    admin.configure_queue("shop", lease_s=60)
+    admin.pause("shop", actor="key:3")
+    newest, older = admin.settings_audit(kind="queue", name="shop", limit=2)
+    assert newest.actor == "key:3" and newest.before and newest.after
+    assert (newest.before["paused"], newest.after["paused"]) == (False, True)
+    assert older.after and older.after["lease_s"] == 60
+
+
+@pytest.mark.parametrize(
+    ("cron", "tz", "message"),
+    [("every minute", "UTC", "invalid cron expression"), ("* * * * *", "Mars/Olympus", "unknown time zone")],
+)
+def test_bad_cron_or_time_zone_is_refused(admin: batonq.Client, cron: str, tz: str, message: str) -> None:
+    with pytest.raises(batonq.InvalidArgument, match=message):
+        admin.add_schedule("bad", cron, "q", tz=tz)
+    assert admin.schedules() == []
+
+
+def test_a_repeated_firing_call_enqueues_nothing_more(
+    admin: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    admin.add_schedule("twice", EVERY_SECOND, "ticks")
+    sql.execute("UPDATE batonq.schedules SET armed_at = now() - interval '10 s' WHERE name = 'twice'")
+    due = sql.execute("SELECT * FROM batonq.due_schedules()").fetchone()
+    assert due is not None
+    name, _, _, armed_at, next_tick, now = due
+    tick = now.replace(microsecond=0)
+    call = "SELECT batonq.fire_schedule(%s, %s, %s, NULL, ARRAY[%s]::timestamptz[], %s)"
+    args = (name, armed_at, next_tick, tick, tick + timedelta(seconds=1))
+    assert sql.execute(call, args).fetchone() == (1,)
+    assert sql.execute(call, args).fetchone() == (0,)  # a lost reply's retry, or a second firer
+    assert len(admin.tasks("ticks")) == 1
+
+
+def test_each_tick_fires_once_across_three_processes_one_killed(
+    dsn: str, admin: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    firers = [Worker("sweep", dsn, "0.25", "3") for _ in range(3)]
+    try:
+        for firer in firers:
+            assert firer.read_line(30) == "ready"
+        leader = wait_for(lambda: _leader(firers), timeout=30, what="a leader")
+        admin.add_schedule("pulse", EVERY_SECOND, "pulses", {"beat": True})
+        time.sleep(15)  # the run itself: half of the 30 s
+        assert leader.sigkill() != 0
+        others = [f for f in firers if f is not leader]
+        standby = wait_for(lambda: _leader(others), timeout=30, what="a new leader")
+        time.sleep(15)
+        standby.sigkill()
+    finally:
+        for firer in firers:
+            firer.close()
+
+    fired = _ticks(sql, "pulse")
+    ticks = [tick for tick, _, _ in fired]
+    assert len(ticks) >= 25
+    # Every second from the first tick to the last, once each: the takeover
+    # lost none and fired none twice, and none counted as missed.
+    assert ticks == _seconds(ticks[0], ticks[-1])
+    assert not any(catch_up for _, _, catch_up in fired)
+    tasks = admin.tasks("pulses", limit=1000)
+    assert sorted(t.id for t in tasks) == sorted(task_id for _, task_id, _ in fired)
+    assert {str(t.payload) for t in tasks} == {"{'beat': True}"}
+
+
+def _leader(firers: Iterable[Worker]) -> Worker | None:
+    """The firer that printed "leader", if one has (without waiting)."""
+    for firer in firers:
+        try:
+            if firer.read_line(0.01) == "leader":
+                return firer
+        except AssertionError:
+            continue
+    return None
+
+
+@pytest.mark.parametrize("missed", ["fire-once", "skip"])
+def test_an_outage_honours_the_missed_tick_setting(
+    dsn: str, admin: batonq.Client, sql: psycopg.Connection[Any], missed: str
+) -> None:
+    with Worker("sweep", dsn, "0.25", "1") as first:
+        assert first.read_line(30) == "ready"
+        assert first.read_line(30) == "leader"
+        admin.add_schedule("beat", EVERY_SECOND, "beats", missed=missed)
+        wait_for(lambda: _ticks(sql, "beat"), timeout=30, what="a first firing")
+        time.sleep(2)
+        first.sigkill()
+    (down_at,) = sql.execute("SELECT now()").fetchone() or ()
+    time.sleep(5)  # the outage
+    with Worker("sweep", dsn, "0.25", "1") as second:
+        assert second.read_line(30) == "ready"
+        (up_at,) = sql.execute("SELECT now()").fetchone() or ()
+        back = up_at + timedelta(seconds=2)
+        wait_for(lambda: _ticks(sql, "beat")[-1][0] > back, timeout=30, what="ticks again")
+        second.sigkill()
+
+    fired = _ticks(sql, "beat")
+    ticks = [tick for tick, _, _ in fired]
+    assert len(ticks) == len(set(ticks))
+    # Ticks surely missed: after the last fired before the kill, and over a
+    # second older than the restart (the grace the firer was given).
+    lost = [t for t in _seconds(ticks[0], ticks[-1]) if down_at < t < up_at - timedelta(seconds=2)]
+    assert len(lost) >= 2
+    caught_up = [tick for tick, _, catch_up in fired if catch_up]
+    assert not set(lost) & set(ticks) - set(caught_up)
+    if missed == "fire-once":
+        # One task on behalf of the ticks missed in the outage.
+        assert len(caught_up) == 1
+        assert down_at < caught_up[0] < up_at
+    else:
+        assert caught_up == []
+    # Outside the outage, every second fired.
+    assert set(_seconds(ticks[0], down_at.replace(microsecond=0) - timedelta(seconds=1))) <= set(ticks)
+    last = ticks[-1]
+    assert set(_seconds(up_at.replace(microsecond=0) + timedelta(seconds=1), last)) <= set(ticks)

@@ -1,0 +1,53 @@
+"""Flow control over MCP: batonq_schedule, debounce on batonq_enqueue, and
+settings and schedules in batonq_queues, and a paused queue's claims."""
+
+from __future__ import annotations
+
+from tests.mcp_server.support import call, make_key, refused, stdio_session
+
+import batonq
+
+
+async def test_schedule_tool_and_settings_in_queues(admin_dsn: str) -> None:
+    async with stdio_session(admin_dsn) as session:
+        added = await call(session, "batonq_schedule", action="add", name="nightly", cron="30 2 * * *",
+                           queue="reports", payload={"k": 1}, tz="Europe/Berlin")  # fmt: skip
+        added = added["schedule"]
+        assert (added["queue"], added["tz"], added["paused"]) == ("reports", "Europe/Berlin", False)
+        paused = await call(session, "batonq_schedule", action="pause", name="nightly")
+        assert paused["schedule"]["paused"] is True
+        listed = await call(session, "batonq_queues")
+        assert [s["name"] for s in listed["schedules"]] == ["nightly"]
+        [settings] = [q for q in listed["settings"] if q["name"] == "reports"]
+        assert (settings["paused"], settings["lease_s"]) == (False, 300)
+        message = await refused(session, "batonq_schedule", action="add", name="bad", cron="often", queue="q")
+        assert "invalid_argument: invalid cron expression 'often'" in message
+        await call(session, "batonq_schedule", action="remove", name="nightly")
+        assert (await call(session, "batonq_queues"))["schedules"] == []
+
+
+async def test_a_worker_key_may_not_add_schedules(admin_dsn: str) -> None:
+    async with stdio_session(admin_dsn, "--key", make_key(admin_dsn, 2)) as session:
+        args = {"action": "add", "name": "x", "cron": "* * * * *", "queue": "q"}
+        message = await refused(session, "batonq_schedule", **args)
+        assert message.endswith("forbidden: add of a schedule needs a key of ring 0 (admin) or stronger")
+
+
+async def test_debounced_enqueue(admin_dsn: str) -> None:
+    async with stdio_session(admin_dsn) as session:
+        args = {"queue": "digest", "debounce_key": "user-7", "debounce_s": 60}
+        first = await call(session, "batonq_enqueue", payload={"n": 1}, **args)
+        second = await call(session, "batonq_enqueue", payload={"n": 2}, keep="first", **args)
+        assert (second["created"], second["task_id"]) == (False, first["task_id"])
+        [task] = (await call(session, "batonq_tasks", queue="digest"))["tasks"]
+        assert task["payload"] == {"n": 1}
+
+
+async def test_claim_gets_nothing_from_a_paused_queue(admin_dsn: str) -> None:
+    async with stdio_session(admin_dsn) as session:
+        await call(session, "batonq_enqueue", queue="paused", payload={"n": 1})
+        with batonq.connect(admin_dsn) as admin:
+            admin.pause("paused")
+            assert (await call(session, "batonq_claim", queue="paused", wait_s=1))["task"] is None
+            admin.resume("paused")
+        assert (await call(session, "batonq_claim", queue="paused"))["task"]["row"] == {"n": 1}

@@ -1,0 +1,50 @@
+"""Which ticks of a schedule are due: cron arithmetic in the schedule's time
+zone, and the split between ticks on time and ticks missed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from batonq.errors import InvalidArgument
+from batonq.schedules import check, plan
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def test_a_daily_tick_stays_at_its_wall_clock_time_across_dst() -> None:
+    # 07:00 in Berlin is 06:00 UTC in winter and 05:00 UTC in summer (DST
+    # began on 29 March 2026).
+    due = plan("0 7 * * *", "Europe/Berlin", armed_at=utc(2026, 3, 28, 12), next_tick=None,
+               now=utc(2026, 3, 28, 12), grace_s=2)  # fmt: skip
+    assert (due.missed, due.ticks, due.next_tick) == (None, [], utc(2026, 3, 29, 5))
+
+
+def test_ticks_within_the_grace_fire_and_older_ones_are_missed() -> None:
+    now = utc(2026, 1, 1, 12, 0, 10, 500000)
+    nine = utc(2026, 1, 1, 12, 0, 9)
+    on_time = plan("* * * * * *", "UTC", armed_at=now, next_tick=nine, now=now, grace_s=2)
+    assert (on_time.missed, on_time.ticks) == (None, [utc(2026, 1, 1, 12, 0, 9), utc(2026, 1, 1, 12, 0, 10)])
+    after_outage = plan("* * * * * *", "UTC", armed_at=now, next_tick=utc(2026, 1, 1, 12, 0, 1), now=now,
+                        grace_s=2)  # fmt: skip
+    # 12:00:01 to 12:00:08 were missed (the newest named), 12:00:09 and :10 are on time.
+    assert after_outage.missed == utc(2026, 1, 1, 12, 0, 8)
+    assert after_outage.ticks == [utc(2026, 1, 1, 12, 0, 9), utc(2026, 1, 1, 12, 0, 10)]
+    assert after_outage.next_tick == utc(2026, 1, 1, 12, 0, 11)
+
+
+def test_a_week_long_outage_names_one_missed_tick() -> None:
+    now = utc(2026, 1, 8, 0, 0, 0, 1000)
+    due = plan("*/5 * * * *", "UTC", armed_at=now - timedelta(days=8), next_tick=utc(2026, 1, 1), now=now,
+               grace_s=2)  # fmt: skip
+    assert due.missed == utc(2026, 1, 7, 23, 55)
+    assert due.ticks == [utc(2026, 1, 8)]
+
+
+@pytest.mark.parametrize(("cron", "tz"), [("61 * * * *", "UTC"), ("* * * * *", "Europe/Atlantis")])
+def test_bad_expressions_and_zones_are_refused(cron: str, tz: str) -> None:
+    with pytest.raises(InvalidArgument):
+        check(cron, tz)
