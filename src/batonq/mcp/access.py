@@ -17,6 +17,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from batonq.client import AsyncClient
 from batonq.rings import OBSERVER, RINGS, WORKER, covers
+from batonq.service.auth import Principal
+from batonq.service.limits import NewQueues
+from batonq.service.problems import ApiError
 
 __all__ = ["SCOPE_KEY", "Access", "access_of", "find_access"]
 
@@ -30,6 +33,10 @@ class Access:
     ring: int = 0
     queues: tuple[str, ...] = ("*",)
     worker: str = "mcp"
+    key: Principal | None = None
+    """The API key, when the access comes from one (HTTP, or stdio with ``--key``)."""
+    new_queues: NewQueues | None = None
+    """Where the key's new queues are counted, as the service counts them."""
 
     @property
     def can_write(self) -> bool:
@@ -47,6 +54,16 @@ class Access:
             raise ToolError(
                 f"forbidden: this key may not use queue {queue!r} (it covers {', '.join(self.queues)})"
             )
+
+    async def check_new_queue(self, queue: str) -> None:
+        """A key may create only so many queues an hour (see ``NewQueues``)."""
+        if self.key is None or self.new_queues is None:
+            return
+        try:
+            await self.new_queues.check(self.key, [queue])
+        except ApiError as error:
+            wait_s = (error.headers or {}).get("Retry-After", "?")
+            raise ToolError(f"{error.code}: {error.message} (retry in {wait_s} s)") from None
 
     def check_write(self, tool: str) -> None:
         if not self.can_write:

@@ -47,7 +47,10 @@ class _Authenticated:
         except ApiError as error:
             await _refuse(send, error)
             return
-        access = Access(client, principal.ring, principal.queues, f"mcp:key-{principal.key_id}")
+        access = Access(
+            client, principal.ring, principal.queues, f"mcp:key-{principal.key_id}", principal,
+            self.app.state.new_queues,
+        )  # fmt: skip
         await self.manager.handle_request({**scope, SCOPE_KEY: access}, receive, send)
 
 

@@ -130,13 +130,17 @@ async def stdio_access(client: AsyncClient, *, read_only: bool, key: str | None)
         access = Access(client, worker=_worker_name(None))
     else:
         from batonq.service.auth import authenticate
+        from batonq.service.limits import DEFAULT_NEW_QUEUES_PER_HOUR, NewQueues
         from batonq.service.problems import ApiError
 
         try:
             principal = await authenticate(client, f"Bearer {key}")
         except ApiError as error:
             raise PermissionError(error.message) from None
-        access = Access(client, principal.ring, principal.queues, _worker_name(principal.key_id))
+        new_queues = NewQueues(client, DEFAULT_NEW_QUEUES_PER_HOUR)  # as `batonq serve` counts them
+        access = Access(
+            client, principal.ring, principal.queues, _worker_name(principal.key_id), principal, new_queues
+        )
     return access.read_only() if read_only else access
 
 

@@ -253,6 +253,7 @@ async def _enqueue(
     with _as_tool_errors():
         if parent is not None:
             await visible_task(access.client, access, parent)
+        await access.check_new_queue(queue)
         return await access.client.enqueue(
             queue, payload, priority=priority, delay_s=delay_seconds, max_attempts=max_attempts,
             idempotency_key=idempotency_key, parent=parent,

@@ -68,7 +68,8 @@ class NewQueues:
         self._made: dict[int, deque[float]] = {}  # key id -> time.monotonic() of each queue it made
 
     async def check(self, principal: Principal, queues: Iterable[str]) -> None:
-        """Refuse, or count, the queues among ``queues`` that do not exist yet."""
+        """Refuse, or count, the queues among ``queues`` that do not exist
+        yet, for ``principal`` (the key of an HTTP or MCP request)."""
         if principal.ring <= OPERATOR:
             return
         new = set(queues) - self._known

@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from batonq import models
 from batonq.operations import task_ref
+from batonq.service.body import MAX_LIST_ITEMS
 
 
 def _integral(value: Any) -> Any:
@@ -64,7 +65,11 @@ TaskNumber = Annotated[int, Field(ge=0, le=MAX_ID), _Integral, _between(0, MAX_I
 LeaseS = Annotated[int, Field(ge=1, le=3600), _Integral, _between(1, 3600)]
 Attempts = Annotated[int, Field(ge=1, le=1000), _Integral, _between(1, 1000)]
 Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1), _Integral, _between(-(2**31), 2**31 - 1)]
-MaxTasks = Annotated[int, Field(ge=1, le=1000), _Integral, _between(1, 1000)]
+# Over 1,000 is not a malformed claim but one too large: 413 too_many_items,
+# like the list caps (checked by the claim itself); the schema says the bound.
+MaxTasks = Annotated[
+    int, Field(ge=1, json_schema_extra={"maximum": MAX_LIST_ITEMS}), _Integral, _between(1, MAX_LIST_ITEMS)
+]
 RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
 BodyBytes = Annotated[int, Field(ge=1, le=104857600), _Integral, _between(1, 104857600)]
 Ring = Annotated[int, Field(ge=0, le=3), _Integral, _between(0, 3)]
