@@ -276,6 +276,18 @@ async def test_http_enforces_queue_scopes_per_call(service: Service, admin_dsn: 
         await call(session, "batonq_complete", lease_token=task["lease_token"], result=None)
 
 
+async def test_queues_come_a_page_at_a_time(target: Target) -> None:
+    async with target.session() as session:
+        for name in ("page:c", "page:a", "page:b"):
+            await call(session, "batonq_enqueue", queue=name, payload=1)
+        first = await call(session, "batonq_queues", limit=2)
+        assert [q["queue"] for q in first["queues"]] == ["page:a", "page:b"]
+        assert first["next_cursor"] == "page:b"
+        rest = await call(session, "batonq_queues", cursor=first["next_cursor"], limit=2)
+        assert [q["queue"] for q in rest["queues"]] == ["page:c"] and rest["next_cursor"] is None
+        assert "limit" in await refused(session, "batonq_queues", limit=1001)
+
+
 async def test_a_worker_key_creates_a_bounded_number_of_queues_over_http_too(
     admin_dsn: str, tmp_path: Path
 ) -> None:

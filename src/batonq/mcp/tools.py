@@ -27,7 +27,7 @@ from batonq.mcp.access import Access, access_of
 from batonq.mcp.tasks import speaks_tasks
 from batonq.models import FINISHED_STATES, Enqueued, Lease, Submitted
 from batonq.operations import task_ref
-from batonq.service.reads import visible_task
+from batonq.service.reads import QUEUES_PAGE, queue_page, visible_task
 from batonq.service.schemas import EnqueueOut, QueueStatsOut, SetAsideOut, State, TaskOut, tid
 
 __all__ = ["READ_TOOLS", "TOOLS", "ToolSpec"]
@@ -145,7 +145,8 @@ class TasksOut(BaseModel):
 
 
 class QueuesOut(BaseModel):
-    queues: list[QueueStatsOut]
+    queues: list[QueueStatsOut] = Field(description="By name.")
+    next_cursor: str | None = Field(description="Pass as cursor to see the next page; null at the end.")
 
 
 _FINISHED = {
@@ -370,14 +371,18 @@ async def batonq_tasks(
     )
 
 
-async def batonq_queues(ctx: Context[Any, Any]) -> QueuesOut:
+async def batonq_queues(
+    ctx: Context[Any, Any],
+    cursor: Annotated[
+        str | None, Field(pattern=QUEUE_PATTERN, description="next_cursor of the previous page.")
+    ] = None,
+    limit: Annotated[int, Field(ge=1, le=QUEUES_PAGE, description="At most this many queues.")] = 100,
+) -> QueuesOut:
     access = access_of(ctx)
     with _as_tool_errors():
-        stats = await access.client.queues()
+        shown, next_cursor = await queue_page(access.client, access, cursor, limit)
     return QueuesOut(
-        queues=[
-            QueueStatsOut.model_validate(q, from_attributes=True) for q in stats if access.covers(q.queue)
-        ]
+        queues=[QueueStatsOut.model_validate(q, from_attributes=True) for q in shown], next_cursor=next_cursor
     )
 
 
@@ -520,8 +525,9 @@ TOOLS: dict[str, ToolSpec] = {
         fn=batonq_queues,
         title="List queues",
         description=(
-            "Every queue you may use, with its counts per state and the age of its oldest claimable "
-            "task. Read-only."
+            "The queues you may use, by name, with their counts per state and the age of their oldest "
+            "claimable task: up to limit (100) at a time; pass next_cursor as cursor for the next page. "
+            "Read-only."
         ),
         annotations=_hints(read_only=True),
     ),

@@ -28,7 +28,27 @@ TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 
 
 class Scoped(Protocol):
+    @property
+    def queues(self) -> tuple[str, ...]: ...
+
     def covers(self, queue: str) -> bool: ...
+
+
+async def queue_page(
+    reader: AsyncClient, key: Scoped, after: str | None, limit: int
+) -> tuple[list[QueueStats], str | None]:
+    """The first ``limit`` queues that ``key`` covers, by name after
+    ``after``, and the cursor of the next page (None at the end). Only the
+    page's queues are counted (HTTP and MCP)."""
+    patterns = None if "*" in key.queues else [scope_regex(p) for p in key.queues]
+    shown: list[QueueStats] = []
+    while True:
+        stats = await reader.queues(after=after, limit=limit, patterns=patterns)
+        shown += [q for q in stats if key.covers(q.queue)][: limit - len(shown)]
+        if len(stats) < limit or len(shown) == limit:
+            break
+        after = stats[-1].queue
+    return shown, shown[-1].queue if len(shown) == limit else None
 
 
 async def visible_task(client: AsyncClient, principal: Scoped, task_id: int | str) -> Task:
@@ -57,18 +77,10 @@ async def queues(
 ) -> s.QueuesOut:
     """The key's queues by name, a page at a time: only the page's queues
     are counted."""
-    patterns = None if "*" in principal.queues else [scope_regex(p) for p in principal.queues]
-    shown: list[QueueStats] = []
-    after = cursor
-    while True:
-        stats = await reader_of(request).queues(after=after, limit=limit, patterns=patterns)
-        shown += [q for q in stats if principal.covers(q.queue)][: limit - len(shown)]
-        if len(stats) < limit or len(shown) == limit:
-            break
-        after = stats[-1].queue
+    shown, next_cursor = await queue_page(reader_of(request), principal, cursor, limit)
     return s.QueuesOut(
         queues=[s.QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
-        next_cursor=shown[-1].queue if len(shown) == limit else None,
+        next_cursor=next_cursor,
     )
 
 
