@@ -6,6 +6,7 @@ the database), so several processes against one database are one service.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from batonq.service.limits import (
     OpenPerKey,
 )
 from batonq.service.metrics import Metrics
-from batonq.service.streams import PendingCounts
+from batonq.service.streams import PendingCounts, stop_on_signals
 
 __all__ = ["create_app"]
 
@@ -154,6 +155,8 @@ def create_app(
                 reader = AsyncClient(read_dsn, **{**options, "listen": False, "sweeper": False})
                 app.state.reader = await opened.enter_async_context(await reader.open())
             app.state.pending_counts = PendingCounts(client, reuse_s=keepalive_s)
+            app.state.stopping = asyncio.Event()  # set on SIGTERM: event streams end
+            opened.callback(stop_on_signals(app.state.stopping))
             app.state.new_queues = NewQueues(client, new_queues_per_hour)
             yield
 
