@@ -107,6 +107,9 @@ def test_a_key_holds_a_bounded_number_of_streams_and_long_polls(serve: Serve) ->
     assert server.admin_key
     with server.http(server.admin_key) as admin:
         _, key = new_key(admin, 2)
+        # Tasks for the probe below, so that a probe let through holds its slot only while it claims one.
+        probe_tasks = [{"queue": "limits:probe", "payload": i} for i in range(1000)]
+        assert admin.post("/v1/enqueue", json=probe_tasks).status_code == 200
     streams = [Subscriber(server, key, "/v1/stream?queue=limits:cap") for _ in range(2)]
     polls: list[httpx.Response] = []
 
@@ -125,12 +128,12 @@ def test_a_key_holds_a_bounded_number_of_streams_and_long_polls(serve: Serve) ->
             stream.next(":", timeout=20, data="ready")
         polling = long_poll()
         with server.http(key) as http:
-            wait = {"queue": "limits:cap", "wait_s": 1}
+            wait = {"queue": "limits:probe", "wait_s": 1}
 
             def fourth_refused() -> httpx.Response | None:
-                """The long-poll is open once a fourth long-poll is refused. The
-                probe holds a slot for its second: a long-poll arriving then
-                is refused, rightly, and is opened again."""
+                """The long-poll is open once a fourth long-poll is refused. A
+                probe let through holds a slot while it claims a task: a
+                long-poll arriving then is refused, rightly, and opened again."""
                 nonlocal polling
                 if not polling.is_alive() and polls and polls[-1].status_code == 429:
                     polling = long_poll()
