@@ -7,27 +7,32 @@ error body, a tool error, a sign-in page).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import math
 import re
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from batonq import models
 from batonq.client import AsyncClient
 from batonq.errors import TaskNotFound
 from batonq.models import Task
-from batonq.rings import ADMIN, OBSERVER, RINGS, WORKER, covers
+from batonq.rings import ADMIN, OBSERVER, OPERATOR, RINGS, WORKER, covers, scope_regex
 
 __all__ = [
+    "DEFAULT_NEW_QUEUES_PER_HOUR",
     "Access",
     "FailedAuth",
+    "NewQueues",
     "Refused",
     "authenticate",
     "authenticate_from",
     "queue_of",
+    "queue_page",
     "visible_task",
 ]
 
@@ -159,6 +164,23 @@ async def authenticate_from(
         raise
 
 
+async def queue_page(
+    reader: AsyncClient, access: Access, after: str | None, limit: int
+) -> tuple[list[models.QueueStats], str | None]:
+    """The first ``limit`` queues that ``access`` covers, by name after
+    ``after``, and the cursor of the next page (None at the end). Only the
+    page's queues are counted (HTTP and MCP)."""
+    patterns = None if "*" in access.queues else [scope_regex(p) for p in access.queues]
+    shown: list[models.QueueStats] = []
+    while True:
+        stats = await reader.queues(after=after, limit=limit, patterns=patterns)
+        shown += [q for q in stats if access.covers(q.queue)][: limit - len(shown)]
+        if len(stats) < limit or len(shown) == limit:
+            break
+        after = stats[-1].queue
+    return shown, shown[-1].queue if len(shown) == limit else None
+
+
 async def visible_task(client: AsyncClient, access: Access, task_id: int | str) -> Task:
     """The task, if the key covers its queue; otherwise it does not exist:
     the same 404, word for word, as for an id nobody has."""
@@ -170,3 +192,51 @@ async def visible_task(client: AsyncClient, access: Access, task_id: int | str) 
     if task is None or not access.covers(task.queue):
         raise TaskNotFound(f"task t_{ref} not found", task_id=ref)
     return task
+
+
+DEFAULT_NEW_QUEUES_PER_HOUR = 100
+_HOUR_S = 3600.0
+_REFRESH_S = 1.0
+
+
+class NewQueues:
+    """At most ``per_hour`` new queues per key and hour, in this process, for
+    keys weaker than ring 1 (an enqueue creates its queue). Past it: 429 with
+    Retry-After. Which queues exist is read again at most every second."""
+
+    def __init__(self, client: AsyncClient, per_hour: int) -> None:
+        self._client, self.per_hour = client, per_hour
+        self._known: set[str] = set()
+        self._read_at = -math.inf
+        self._reading = asyncio.Lock()
+        self._made: dict[int, deque[float]] = {}  # key id -> time.monotonic() of each queue it made
+
+    async def check(self, access: Access, queues: Iterable[str]) -> None:
+        """Refuse, or count, the queues among ``queues`` that do not exist
+        yet, for ``access`` (the key of an HTTP or MCP request)."""
+        if access.ring <= OPERATOR:
+            return
+        new = set(queues) - self._known
+        if not new:
+            return
+        async with self._reading:
+            if time.monotonic() - self._read_at >= _REFRESH_S:
+                self._known = {q.name for q in await self._client.queue_configs()}
+                self._read_at = time.monotonic()
+        new -= self._known
+        if not new:
+            return
+        now = time.monotonic()
+        made = self._made.setdefault(access.key_id, deque())
+        while made and made[0] <= now - _HOUR_S:
+            made.popleft()
+        if len(made) + len(new) > self.per_hour:
+            wait_s = math.ceil(made[0] + _HOUR_S - now) if made else math.ceil(_HOUR_S)
+            raise Refused(
+                429, "too_many_new_queues",
+                f"this key may create {self.per_hour} queues an hour, and has made {len(made)}: "
+                "use existing queues, or ask an operator to create these",
+                headers={"Retry-After": str(wait_s)},
+            )  # fmt: skip
+        made.extend([now] * len(new))
+        self._known |= new

@@ -62,6 +62,13 @@ T = TypeVar("T")
 # renews only every other time.
 _AWAIT_S = 15.0
 _AWAIT_MARGIN_S = 1.0
+_RECONNECT_S = 0.5
+"""How long the pool retries a lost connection before it gives the attempt
+up. psycopg_pool retries with a backoff that doubles from 1 s: kept for
+minutes, its next attempt could come many seconds after the database is
+back. Given up this soon, a new attempt starts at once while calls wait for
+a connection (``_connect_again``), so the pool is back within about this
+long of the database."""
 
 
 # JSON read back through batonq.json_values.load_json: a stored row never
@@ -134,11 +141,20 @@ class Client:
             max_size=max_connections,
             kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None, "context": _ADAPTERS},
             timeout=connection_wait_s,
+            reconnect_timeout=_RECONNECT_S,
+            reconnect_failed=self._connect_again,
             open=False,
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
         self._listener = Listener(self.listen_dsn, self.forget_awaited) if listen else NoListener()
         self._sweeper = Sweeper(self.listen_dsn) if sweeper else None
+
+    def _connect_again(self, pool: ConnectionPool[Any]) -> None:
+        """The pool gave a connection attempt up (after ``_RECONNECT_S``):
+        start another now if calls wait for a connection (``check`` grows
+        the pool when it has none to give)."""
+        if pool.get_stats().get("requests_waiting", 0):
+            pool.check()
 
     def open(self) -> Client:
         self._pool.open(wait=True)

@@ -74,7 +74,11 @@ TaskNumber = Annotated[int, Field(ge=0, le=MAX_ID), _Integral, _between(0, MAX_I
 LeaseS = Annotated[int, Field(ge=MIN_LEASE_S, le=MAX_LEASE_S), _Integral, _between(MIN_LEASE_S, MAX_LEASE_S)]
 Attempts = Annotated[int, Field(ge=1, le=MAX_ATTEMPTS), _Integral, _between(1, MAX_ATTEMPTS)]
 Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1), _Integral, _between(-(2**31), 2**31 - 1)]
-MaxTasks = Annotated[int, Field(ge=1, le=MAX_LIST_ITEMS), _Integral, _between(1, MAX_LIST_ITEMS)]
+# Over 1,000 is not a malformed claim but one too large: 413 too_many_items,
+# like the list caps (checked by the claim itself); the schema says the bound.
+MaxTasks = Annotated[
+    int, Field(ge=1, json_schema_extra={"maximum": MAX_LIST_ITEMS}), _Integral, _between(1, MAX_LIST_ITEMS)
+]
 RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
 BodyBytes = Annotated[
     int, Field(ge=1, le=MAX_QUEUE_BODY_BYTES), _Integral, _between(1, MAX_QUEUE_BODY_BYTES)

@@ -34,6 +34,9 @@ import batonq
 pytestmark = pytest.mark.chaos
 
 LEASE_S = 2
+DOWN_S = 9
+PROMPT_S = 2.0
+"""Once the database is back, HTTP answers 200 again within this."""
 TASKS = int(os.environ.get("CHAOS_TASKS", "600"))
 RACING_KEYS = int(os.environ.get("CHAOS_RACING_KEYS", "300"))
 
@@ -84,7 +87,8 @@ def test_postgres_restart_immediate_at_30_and_70_percent(
 ) -> None:
     """Scenario 2: PostgreSQL stops with ``-m immediate`` (no flush, crash
     recovery on start) when 30% and 70% of the tasks are done, and stays down
-    for 5 s; workers, an enqueuer and the HTTP service ride it out."""
+    for 9 s (long enough for a pool's reconnect backoff to reach 8 s); workers,
+    an enqueuer and the HTTP service ride it out."""
     service = Service(db)
     fleet = Fleet(db, workdir, 3, slots=4, lease_s=LEASE_S)
     enqueuer = Enqueuer(db)
@@ -98,7 +102,7 @@ def test_postgres_restart_immediate_at_30_and_70_percent(
             wait_for(lambda m=mark: done_count(db) >= m * TASKS, timeout=120, what=f"{mark:.0%} done")  # type: ignore[misc]
             down = time.monotonic()
             cluster.stop("immediate")
-            wait_for(lambda d=down: time.monotonic() - d >= 5, timeout=10, every=0.1)  # type: ignore[misc]
+            wait_for(lambda d=down: time.monotonic() - d >= DOWN_S, timeout=DOWN_S + 5, every=0.1)  # type: ignore[misc]
             starting = time.monotonic()
             cluster.start()
             up = time.monotonic()
@@ -124,12 +128,11 @@ def test_postgres_restart_immediate_at_30_and_70_percent(
                 if took > 2 or status not in ((200, 503) if sent + took > starting else (503,))]  # fmt: skip
         assert slow == [], f"while down, answers other than a 503 within 2 s: {slow[:10]}"
         assert back - up < 10, f"throughput back only {back - up:.1f} s after the restart"
-        after = [(sent, status) for sent, _, status in probe.seen if sent >= up]
+        # In the order sent (the probe records answers as they come).
+        after = sorted((sent, status) for sent, _, status in probe.seen if sent >= up)
         first_ok = next(sent for sent, status in after if status == 200)
-        # The pool reconnects with a backoff that began while the database
-        # was down: until its next attempt, requests still get 503 (counted
-        # in the report as failed_after_up), but never for 10 s.
-        assert first_ok - up < 10, f"HTTP answered 200 again only {first_ok - up:.1f} s after the restart"
+        # The pool's reconnect attempts do not back off past the outage.
+        assert first_ok - up < PROMPT_S, f"HTTP answered 200 again {first_ok - up:.1f} s after the restart"
         assert all(status == 503 for sent, status in after if sent < first_ok)
     report(
         "restart",

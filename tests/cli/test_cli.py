@@ -298,6 +298,15 @@ def test_queues_and_queue_settings(run: Run) -> None:
     stats = {s["queue"]: s for s in lines(run("queues", "--json"))}
     assert stats[Q]["pending"] == 1 and stats[Q]["scheduled"] == 1 and stats["other"]["held"] == 1
 
+    # A page at a time: a full page says how to see the next.
+    first = run("queues", "--limit", "1", "--json")
+    assert [s["queue"] for s in lines(first)] == ["other"]
+    assert first.stderr == "more queues: batonq queues --after other\n"
+    last = run("queues", "--after", "other", "--limit", "1")
+    assert [line.split()[0] for line in last.stdout.splitlines()[1:]] == [Q]
+    assert last.stderr == "more queues: batonq queues --after " + Q + "\n"
+    assert run("queues", "--after", Q).stdout.splitlines()[1:] == []
+
 
 def write(path: Path, *rows: Any) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))

@@ -31,7 +31,7 @@ __all__ = [
 
 ADMIN_KEY = re.compile(r"\bbq_[0-9]+_[0-9a-f]{64}\b")
 _BATONQ = Path(sys.executable).with_name("batonq")
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 90.0  # a loaded machine has taken over 30 s to import and start
 
 
 def free_port() -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import statistics
 import threading
 import time
@@ -170,3 +171,21 @@ def test_a_dropped_subscribers_tasks_come_back_after_their_lease(
     assert again["fencing_token"] > task["fencing_token"]
     late = http.post("/v1/submit", json={"lease_token": task["lease_token"], "result": "late"})
     problem(late, 409, "lease_lost")
+
+
+def test_sigterm_ends_open_streams_cleanly_and_the_server_promptly(server: LiveServer) -> None:
+    """The server waits for open responses before it stops; streams, which
+    never end by themselves, end as it is told to stop."""
+    assert server.admin_key
+    subscribers = [
+        Subscriber(server, server.admin_key, "/v1/stream?queue=sse:stop"),
+        Subscriber(server, server.admin_key, "/v1/stream?queue=sse:stop&claim=true"),
+    ]
+    for subscriber in subscribers:
+        subscriber.next(":", timeout=20, data="ready")
+    began = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    server.proc.wait(timeout=60)
+    assert time.monotonic() - began < 10, "batonq serve took over 10 s to stop"
+    for subscriber in subscribers:
+        subscriber.next("closed", timeout=10)  # fails on an "error": a broken stream

@@ -109,6 +109,8 @@ class Service:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     admin_key: str = ""
+    args: tuple[str, ...] = ()
+    """More ``batonq serve`` options."""
 
     @property
     def base(self) -> str:
@@ -120,7 +122,8 @@ class Service:
 
     def start(self) -> Service:
         self.proc = subprocess.Popen(
-            [BATONQ, "--dsn", self.dsn, "serve", "--port", str(self.port), "--log-level", "warning"],
+            [BATONQ, "--dsn", self.dsn, "serve", "--port", str(self.port), "--log-level", "warning",
+             *self.args],
             stdout=subprocess.DEVNULL, stderr=self.log,
         )  # fmt: skip
         self.admin_key = wait_for(self._printed_key, timeout=60, what="the first admin key on stderr")
@@ -150,9 +153,9 @@ class Service:
 
 
 @contextlib.contextmanager
-def running_service(dsn: str, log_path: Path) -> Iterator[Service]:
+def running_service(dsn: str, log_path: Path, *args: str) -> Iterator[Service]:
     with log_path.open("w") as log:
-        service = Service(dsn, log)
+        service = Service(dsn, log, args=args)
         try:
             yield service.start()
         finally:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -29,6 +31,7 @@ from tests.mcp_server.support import (
     http_session,
     make_key,
     refused,
+    running_service,
     stdio_session,
 )
 
@@ -271,6 +274,37 @@ async def test_http_enforces_queue_scopes_per_call(service: Service, admin_dsn: 
         queues = (await call(session, "batonq_queues"))["queues"]
         assert [q["queue"] for q in queues] == ["shards-a"]
         await call(session, "batonq_complete", lease_token=task["lease_token"], result=None)
+
+
+async def test_queues_come_a_page_at_a_time(target: Target) -> None:
+    async with target.session() as session:
+        for name in ("page:c", "page:a", "page:b"):
+            await call(session, "batonq_enqueue", queue=name, payload=1)
+        first = await call(session, "batonq_queues", limit=2)
+        assert [q["queue"] for q in first["queues"]] == ["page:a", "page:b"]
+        assert first["next_cursor"] == "page:b"
+        rest = await call(session, "batonq_queues", cursor=first["next_cursor"], limit=2)
+        assert [q["queue"] for q in rest["queues"]] == ["page:c"] and rest["next_cursor"] is None
+        assert "limit" in await refused(session, "batonq_queues", limit=1001)
+
+
+async def test_a_worker_key_creates_a_bounded_number_of_queues_over_http_too(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    with running_service(admin_dsn, tmp_path / "serve.log", "--new-queues-per-key", "2") as service:
+        worker = make_key(admin_dsn, 2)
+        async with http_session(service.url, worker) as session:
+            for name in ("made:1", "made:2", "made:1"):
+                await call(session, "batonq_enqueue", queue=name, payload=1)
+            answer = await refused(session, "batonq_enqueue", queue="made:3", payload=1)
+            made = "too_many_new_queues: this key may create 2 queues an hour, and has made 2"
+            assert made in answer, answer
+            assert re.search(r"\(retry in [0-9]+ s\)$", answer), answer
+            await call(session, "batonq_enqueue", queue="made:2", payload=2)  # existing queues take tasks
+        async with http_session(service.url, service.admin_key) as admin:
+            await call(admin, "batonq_enqueue", queue="made:by-admin", payload=1)  # rings 0 and 1: no limit
+            queues = (await call(admin, "batonq_queues"))["queues"]
+    assert sorted(q["queue"] for q in queues) == ["made:1", "made:2", "made:by-admin"]
 
 
 async def test_what_cannot_be_served_and_foreign_parents_are_refused_with_a_reason(

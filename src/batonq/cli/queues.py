@@ -9,39 +9,52 @@ import click
 
 from batonq.cli.common import json_option, open_client
 from batonq.cli.output import echo_json, format_age, print_table
-from batonq.limits import MAX_LEASE_S, MIN_LEASE_S
-from batonq.models import QueueConfig
+from batonq.limits import MAX_LEASE_S, MAX_PAGE, MIN_LEASE_S
+from batonq.models import QueueConfig, QueueStats
 
 __all__ = ["audit", "queue", "queues"]
 
 _COUNTS = ("pending", "scheduled", "leased", "held", "waiting", "done", "dead", "cancelled")
 
 
+PAGE = MAX_PAGE
+"""The most queues one ``batonq queues`` shows (and counts)."""
+
+
 @click.command()
+@click.option("--after", metavar="QUEUE", help="Start after this queue name (the next page).")
+@click.option("--limit", type=click.IntRange(1, PAGE), default=PAGE, show_default=True, help="At most.")
 @click.option("--settings", is_flag=True, help="Show each queue's settings instead of its counts.")
 @json_option
 @click.pass_context
-def queues(ctx: click.Context, settings: bool, as_json: bool) -> None:
-    """Show every queue: tasks per state and the oldest pending task's age
-    (or, with --settings, its settings).
+def queues(ctx: click.Context, after: str | None, limit: int, settings: bool, as_json: bool) -> None:
+    """Show the queues by name: tasks per state and the oldest pending task's
+    age (or, with --settings, every queue's settings).
 
     pending counts tasks claimable now; scheduled, those whose delay or retry
-    time is still ahead.
+    time is still ahead. A full page ends by saying how to see the next.
 
     \b
     Examples:
       batonq queues
+      batonq queues --after shop:orders
       batonq queues --settings
     """
     if settings:
         _settings(ctx, as_json)
         return
     with open_client(ctx) as client:
-        stats = client.queues()
+        stats = client.queues(after=after, limit=limit)
     if as_json:
         for item in stats:
             echo_json(item)
-        return
+    else:
+        _print_queues(stats)
+    if len(stats) == limit:
+        click.echo(f"more queues: batonq queues --after {stats[-1].queue}", err=True)
+
+
+def _print_queues(stats: list[QueueStats]) -> None:
     rows = [
         [
             s.queue,

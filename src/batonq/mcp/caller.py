@@ -17,7 +17,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from batonq.access import Access, Refused
+from batonq.access import Access, NewQueues, Refused
 from batonq.client import AsyncClient
 from batonq.rings import RINGS
 
@@ -32,6 +32,9 @@ class Caller:
     client: AsyncClient
     access: Access = field(default_factory=Access)
     worker: str = "mcp"
+    new_queues: NewQueues | None = None
+    """Where a key's new queues are counted (as the service counts them);
+    None for an MCP server started without a key."""
 
     def read_only(self) -> Caller:
         return replace(self, access=self.access.read_only())
@@ -46,6 +49,16 @@ class Caller:
             self.access.check_queue(queue)
         except Refused as refused:
             raise self._tool_error(refused) from None
+
+    async def check_new_queue(self, queue: str) -> None:
+        """A key may create only so many queues an hour (``NewQueues``)."""
+        if self.new_queues is None:
+            return
+        try:
+            await self.new_queues.check(self.access, [queue])
+        except Refused as refused:
+            wait_s = (refused.headers or {}).get("Retry-After", "?")
+            raise ToolError(f"{refused.code}: {refused.message} (retry in {wait_s} s)") from None
 
     def check_token(self, lease_token: str) -> None:
         """The token must name a queue the caller's key covers."""

@@ -46,7 +46,7 @@ class _Authenticated:
         except Refused as error:
             await _refuse(send, error)
             return
-        caller = Caller(client, access, f"mcp:key-{access.key_id}")
+        caller = Caller(client, access, f"mcp:key-{access.key_id}", self.app.state.new_queues)
         await self.manager.handle_request({**scope, SCOPE_KEY: caller}, receive, send)
 
 

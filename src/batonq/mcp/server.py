@@ -19,7 +19,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError
 from pydantic import ValidationError
 
-from batonq.access import Refused, authenticate
+from batonq.access import DEFAULT_NEW_QUEUES_PER_HOUR, NewQueues, Refused, authenticate
 from batonq.client import AsyncClient
 from batonq.mcp.arguments import StrictTool
 from batonq.mcp.caller import Caller, find_caller
@@ -134,7 +134,8 @@ async def stdio_access(client: AsyncClient, *, read_only: bool, key: str | None)
             access = await authenticate(client, f"Bearer {key}")
         except Refused as error:
             raise PermissionError(error.message) from None
-        caller = Caller(client, access, _worker_name(access.key_id))
+        new_queues = NewQueues(client, DEFAULT_NEW_QUEUES_PER_HOUR)  # as `batonq serve` counts them
+        caller = Caller(client, access, _worker_name(access.key_id), new_queues)
     return caller.read_only() if read_only else caller
 
 

@@ -23,8 +23,16 @@ from mcp_types import ToolAnnotations
 from pydantic import AliasChoices, BaseModel, Field
 
 from batonq import errors
-from batonq.access import visible_task
-from batonq.limits import MAX_ATTEMPTS, MAX_DELAY_S, MAX_LEASE_S, MAX_WAIT_S, MIN_LEASE_S, QUEUE_NAME_PATTERN
+from batonq.access import queue_page, visible_task
+from batonq.limits import (
+    MAX_ATTEMPTS,
+    MAX_DELAY_S,
+    MAX_LEASE_S,
+    MAX_PAGE,
+    MAX_WAIT_S,
+    MIN_LEASE_S,
+    QUEUE_NAME_PATTERN,
+)
 from batonq.mcp.caller import Caller, caller_of
 from batonq.mcp.tasks import speaks_tasks
 from batonq.models import FINISHED_STATES, Enqueued, Lease, Submitted, task_ref
@@ -194,9 +202,10 @@ class ScheduleChange(BaseModel):
 
 
 class QueuesOut(BaseModel):
-    queues: list[QueueStatsOut]
-    settings: list[QueueSettingsOut]
-    schedules: list[ScheduleOut]
+    queues: list[QueueStatsOut] = Field(description="By name.")
+    next_cursor: str | None = Field(description="Pass as cursor to see the next page; null at the end.")
+    settings: list[QueueSettingsOut] = Field(description="The settings of the page's queues.")
+    schedules: list[ScheduleOut] = Field(description="The schedules of the page's queues.")
 
 
 _FINISHED = {
@@ -303,6 +312,7 @@ async def _enqueue(
     with _as_tool_errors():
         if parent is not None:
             await visible_task(caller.client, caller.access, parent)
+        await caller.check_new_queue(queue)
         return await caller.client.enqueue(
             queue, payload, priority=priority, delay_s=delay_seconds, max_attempts=max_attempts,
             idempotency_key=idempotency_key, parent=parent, **debounce,
@@ -419,24 +429,24 @@ async def batonq_tasks(
     )
 
 
-async def batonq_queues(ctx: Context[Any, Any]) -> QueuesOut:
+async def batonq_queues(
+    ctx: Context[Any, Any],
+    cursor: Annotated[
+        str | None, Field(pattern=QUEUE_NAME_PATTERN, description="next_cursor of the previous page.")
+    ] = None,
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE, description="At most this many queues.")] = 100,
+) -> QueuesOut:
     caller = caller_of(ctx)
     with _as_tool_errors():
-        stats = await caller.client.queues()
-        settings = await caller.client.queue_configs()
-        schedules = await caller.client.schedules()
+        shown, next_cursor = await queue_page(caller.client, caller.access, cursor, limit)
+        on_page = {q.queue for q in shown}
+        settings = [c for c in await caller.client.queue_configs() if c.name in on_page]
+        schedules = [f for f in await caller.client.schedules() if f.queue in on_page]
     return QueuesOut(
-        queues=[
-            QueueStatsOut.model_validate(q, from_attributes=True)
-            for q in stats
-            if caller.access.covers(q.queue)
-        ],
-        settings=[
-            QueueSettingsOut.model_validate(c, from_attributes=True)
-            for c in settings
-            if caller.access.covers(c.name)
-        ],
-        schedules=[ScheduleOut.of(f) for f in schedules if caller.access.covers(f.queue)],
+        queues=[QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
+        next_cursor=next_cursor,
+        settings=[QueueSettingsOut.model_validate(c, from_attributes=True) for c in settings],
+        schedules=[ScheduleOut.of(f) for f in schedules],
     )
 
 
@@ -631,9 +641,10 @@ TOOLS: dict[str, ToolSpec] = {
         fn=batonq_queues,
         title="List queues",
         description=(
-            "Every queue you may use, with its counts per state and the age of its oldest claimable "
-            "task; each queue's settings (paused, lease, attempts, backoff, retention); and the cron "
-            "schedules that enqueue into them. Read-only."
+            "The queues you may use, by name, with their counts per state and the age of their oldest "
+            "claimable task, each queue's settings (paused, lease, attempts, backoff, retention) and the "
+            "cron schedules that enqueue into them: up to limit (100) queues at a time; pass next_cursor "
+            "as cursor for the next page. Read-only."
         ),
         annotations=_hints(read_only=True),
     ),

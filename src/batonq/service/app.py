@@ -7,6 +7,7 @@ the database), so several processes against one database are one service.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -16,17 +17,12 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from batonq.access import FailedAuth
+from batonq.access import DEFAULT_NEW_QUEUES_PER_HOUR, FailedAuth, NewQueues
 from batonq.client import AsyncClient
 from batonq.service import admin, discovery, problems, reads, schedules, stream, work
-from batonq.service.limits import (
-    DEFAULT_MAX_STREAMS_PER_KEY,
-    DEFAULT_NEW_QUEUES_PER_HOUR,
-    NewQueues,
-    OpenPerKey,
-)
+from batonq.service.limits import DEFAULT_MAX_STREAMS_PER_KEY, OpenPerKey
 from batonq.service.metrics import Metrics
-from batonq.service.streams import PendingCounts
+from batonq.service.streams import PendingCounts, stop_on_signals
 from batonq.version import VERSION
 
 __all__ = ["create_app"]
@@ -155,6 +151,8 @@ def create_app(
                 reader = AsyncClient(read_dsn, **{**options, "listen": False, "sweeper": False})
                 app.state.reader = await opened.enter_async_context(await reader.open())
             app.state.pending_counts = PendingCounts(client, reuse_s=keepalive_s)
+            app.state.stopping = asyncio.Event()  # set on SIGTERM: event streams end
+            opened.callback(stop_on_signals(app.state.stopping))
             app.state.new_queues = NewQueues(client, new_queues_per_hour)
             yield
 

@@ -77,7 +77,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (404, "task_not_found and the like (a task outside the key's scopes does not exist)"),
         (409, "lease_lost, invalid_state or graph_cycle"),
         (413, "request_too_large (the whole body), payload_too_large (a payload, result or error),"
-              " too_many_items (a list over 1,000) or too_many_queues (a list enqueue over 100 queues)"),
+              " too_many_items (a list, or a claim's max_tasks, over 1,000) or too_many_queues"
+              " (a list enqueue over 100 queues)"),
         (422, "invalid_request: the body or a parameter does not match the schema"),
         (429, "too_many_streams (streams and long-polls open) or too_many_new_queues; see Retry-After"),
     )

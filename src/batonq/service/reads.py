@@ -8,11 +8,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from batonq import models
 from batonq import schemas as s
-from batonq.access import Access, visible_task
+from batonq.access import Access, queue_page, visible_task
 from batonq.errors import InvalidArgument, QueueNotFound, TaskNotFound
 from batonq.limits import MAX_PAGE, QUEUE_NAME_PATTERN
-from batonq.models import QueueStats, task_ref
-from batonq.rings import OBSERVER, scope_regex
+from batonq.models import task_ref
+from batonq.rings import OBSERVER
 from batonq.service.auth import require
 from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES
@@ -39,18 +39,10 @@ async def queues(
 ) -> s.QueuesOut:
     """The key's queues by name, a page at a time: only the page's queues
     are counted."""
-    patterns = None if "*" in access.queues else [scope_regex(p) for p in access.queues]
-    shown: list[QueueStats] = []
-    after = cursor
-    while True:
-        stats = await reader_of(request).queues(after=after, limit=limit, patterns=patterns)
-        shown += [q for q in stats if access.covers(q.queue)][: limit - len(shown)]
-        if len(stats) < limit or len(shown) == limit:
-            break
-        after = stats[-1].queue
+    shown, next_cursor = await queue_page(reader_of(request), access, cursor, limit)
     return s.QueuesOut(
         queues=[s.QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
-        next_cursor=shown[-1].queue if len(shown) == limit else None,
+        next_cursor=next_cursor,
     )
 
 

@@ -10,7 +10,8 @@ from batonq.client import AsyncClient
 from batonq.service.metrics import Metrics
 
 if TYPE_CHECKING:
-    from batonq.service.limits import NewQueues, OpenPerKey
+    from batonq.access import NewQueues
+    from batonq.service.limits import OpenPerKey
 
 __all__ = ["client_of", "metrics_of", "new_queues", "open_per_key", "reader_of"]
 

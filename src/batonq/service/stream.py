@@ -140,6 +140,7 @@ async def stream(
     return HeldStream(
         events,
         release,
+        request.app.state.stopping,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -1,12 +1,16 @@
-"""Event streams: a response that says when it ends, and one count of a
-queue shared by every announce stream of the process woken for it."""
+"""Event streams: a response that says when it ends and ends when the
+process is told to stop, and one count of a queue shared by every announce
+stream of the process woken for it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -14,15 +18,75 @@ from starlette.types import Receive, Scope, Send
 
 from batonq.client import AsyncClient
 
-__all__ = ["HeldStream", "PendingCounts"]
+__all__ = ["HeldStream", "PendingCounts", "stop_on_signals"]
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def stop_on_signals(stopping: asyncio.Event) -> Callable[[], None]:
+    """Set ``stopping`` on SIGTERM or SIGINT, then hand the signal on to the
+    handler it had (the HTTP server's); returns how to undo this.
+
+    The server waits for open responses to end before it stops, and an
+    event stream never ends by itself: told here, the streams end first."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # signals reach the main thread only (an app run inside tests)
+    loop = asyncio.get_running_loop()
+    previous = {int(sig): signal.getsignal(sig) or signal.SIG_DFL for sig in _STOP_SIGNALS}
+
+    def handle(sig: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(stopping.set)
+        handler = previous[sig]
+        if callable(handler):
+            handler(sig, frame)
+        else:  # the default action (or none): as if this handler had not been here
+            signal.signal(sig, handler)
+            signal.raise_signal(sig)
+
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, handle)
+
+    def undo() -> None:
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is handle:
+                signal.signal(sig, handler)
+
+    return undo
+
+
+async def _until(stopping: asyncio.Event, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events`` until ``stopping`` is set: then the stream ends as any
+    response does (the client reads its end, not a broken connection)."""
+    stop = asyncio.ensure_future(stopping.wait())
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(events))
+            await asyncio.wait({step, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not step.done():
+                step.cancel()
+                await asyncio.wait({step})
+                return
+            try:
+                yield step.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        stop.cancel()
 
 
 class HeldStream(StreamingResponse):
-    """A streaming response that calls ``release`` when it ends, however it
-    ends (the client went away, the server stops)."""
+    """A streaming response that ends when ``stopping`` is set, and calls
+    ``release`` when it ends, however it ends (the client went away, the
+    server stops)."""
 
-    def __init__(self, content: Any, release: Callable[[], None], **options: Any) -> None:
-        super().__init__(content, **options)
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        release: Callable[[], None],
+        stopping: asyncio.Event,
+        **options: Any,
+    ) -> None:
+        super().__init__(_until(stopping, content), **options)
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

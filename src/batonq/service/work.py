@@ -116,6 +116,9 @@ async def claim(
     its `lease_token`, or its `task_id` and `fencing_token` from this key.
     With `wait_s`, an empty queue is long-polled."""
     access.check_queue(body.queue)
+    if body.max_tasks is not None and body.max_tasks > MAX_LIST_ITEMS:
+        message = f"max_tasks {body.max_tasks}: claim at most {MAX_LIST_ITEMS} tasks per request"
+        raise ApiError(413, "too_many_items", message)
     release = open_per_key(request).hold(access.key_id) if body.wait_s > 0 else None
     try:
         leases = await client_of(request).claim(
