@@ -7,9 +7,11 @@ The worker path runs as a login role that is only a member of batonq_worker.
 
 ``BATONQ_TEST_PGBOUNCER=1`` puts a PgBouncer in transaction mode (started for
 the session, with deploy/pgbouncer.ini) in front of the worker and reader
-DSNs, with ``$BATONQ_LISTEN_URL`` naming the server itself for LISTEN; the
-schema owner's connections (migrations, ``sql``, ``admin``) stay direct, as
-do tests marked ``direct``, which watch one session on the server.
+DSNs and of the services, CLI and MCP processes the tests start
+(``service_dsn``), with ``$BATONQ_LISTEN_URL`` naming the server itself for
+LISTEN; the schema owner's own connections (migrations, ``sql``, ``admin``)
+stay direct, as do tests marked ``direct``, which watch one session on the
+server.
 """
 
 from __future__ import annotations
@@ -115,6 +117,26 @@ def direct_dsn(admin_dsn: str) -> str:
     return with_db(admin_dsn, conninfo_to_dict(admin_dsn)["dbname"], user=WORKER_ROLE)
 
 
+def through_pooler(dsn: str, pooler: tuple[str, int] | None) -> str:
+    """``dsn`` by way of the session's PgBouncer, when there is one."""
+    return dsn if pooler is None else make_conninfo(dsn, host=pooler[0], port=pooler[1])
+
+
+def pooled(
+    direct: str,
+    pooler: tuple[str, int] | None,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> str:
+    """``direct`` through PgBouncer in that mode, unless the test is marked
+    ``direct``; ``$BATONQ_LISTEN_URL`` (which the processes a test starts
+    inherit) then names the server itself."""
+    if pooler is None or request.node.get_closest_marker("direct") is not None:
+        return direct
+    monkeypatch.setenv(ENV_LISTEN_DSN, direct)
+    return through_pooler(direct, pooler)
+
+
 @pytest.fixture
 def dsn(
     direct_dsn: str,
@@ -124,10 +146,20 @@ def dsn(
 ) -> str:
     """The same database as a role with nothing but batonq_worker's grants
     (through PgBouncer in that mode, unless the test is marked ``direct``)."""
-    if pooler is None or request.node.get_closest_marker("direct") is not None:
-        return direct_dsn
-    monkeypatch.setenv(ENV_LISTEN_DSN, direct_dsn)
-    return make_conninfo(direct_dsn, host=pooler[0], port=pooler[1])
+    return pooled(direct_dsn, pooler, monkeypatch, request)
+
+
+@pytest.fixture
+def service_dsn(
+    admin_dsn: str,
+    pooler: tuple[str, int] | None,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> str:
+    """The schema owner's DSN for the processes a test starts (``batonq
+    serve``, ``batonq mcp``, the CLI): through PgBouncer in that mode, unless
+    the test is marked ``direct``."""
+    return pooled(admin_dsn, pooler, monkeypatch, request)
 
 
 @pytest.fixture

@@ -21,11 +21,11 @@ Q = "shards"
 
 
 @pytest.fixture
-def run(admin_dsn: str) -> Run:
+def run(service_dsn: str) -> Run:
     """``run("enqueue", Q, "{}")``: the CLI on the test database, via the env var."""
 
     def invoke(*args: str, input: str | None = None) -> Result:
-        return CliRunner().invoke(main, list(args), input=input, env={"BATONQ_DATABASE_URL": admin_dsn})
+        return CliRunner().invoke(main, list(args), input=input, env={"BATONQ_DATABASE_URL": service_dsn})
 
     return invoke
 

@@ -16,9 +16,9 @@ Run = Callable[..., Result]
 
 
 @pytest.fixture
-def run(admin_dsn: str) -> Run:
+def run(service_dsn: str) -> Run:
     def invoke(*args: str) -> Result:
-        return CliRunner().invoke(main, list(args), env={"BATONQ_DATABASE_URL": admin_dsn})
+        return CliRunner().invoke(main, list(args), env={"BATONQ_DATABASE_URL": service_dsn})
 
     return invoke
 

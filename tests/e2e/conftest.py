@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from tests.conftest import scratch_database
+from tests.conftest import scratch_database, through_pooler
 from tests.e2e.live import LiveServer
 
 KEEPALIVE_S = 1.0
@@ -17,13 +17,14 @@ Serve = Callable[..., LiveServer]
 
 
 @pytest.fixture
-def serve(admin_dsn: str) -> Iterator[Serve]:
-    """Start ``batonq serve`` processes on this test's database:
+def serve(service_dsn: str) -> Iterator[Serve]:
+    """Start ``batonq serve`` processes on this test's database (through
+    PgBouncer with BATONQ_TEST_PGBOUNCER=1):
     ``serve("--max-body-bytes", "4096")``; all are stopped at teardown."""
     started: list[LiveServer] = []
 
     def start(*args: str) -> LiveServer:
-        server = LiveServer(admin_dsn, "--keepalive", str(KEEPALIVE_S), *args)
+        server = LiveServer(service_dsn, "--keepalive", str(KEEPALIVE_S), *args)
         started.append(server)
         return server
 
@@ -53,9 +54,11 @@ def module_dsn(server_dsn: str, template_db: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def shared_server(module_dsn: str) -> Iterator[LiveServer]:
+def shared_server(module_dsn: str, pooler: tuple[str, int] | None) -> Iterator[LiveServer]:
     """One server for a module whose tests keep to queues of their own."""
-    server = LiveServer(module_dsn, "--keepalive", str(KEEPALIVE_S))
+    server = LiveServer(
+        through_pooler(module_dsn, pooler), "--keepalive", str(KEEPALIVE_S), listen_dsn=module_dsn
+    )
     yield server
     server.stop()
 

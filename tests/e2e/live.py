@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from batonq.client import ENV_LISTEN_DSN
+
 __all__ = [
     "ADMIN_KEY", "Event", "LiveServer", "Subscriber", "claim", "claim_one", "enqueue", "free_port", "new_key",
     "problem", "sse_events",
@@ -45,9 +47,12 @@ class LiveServer:
     """One ``batonq serve`` process. ``admin_key`` is the key it printed on
     its first start (None when the database already had keys)."""
 
-    def __init__(self, dsn: str, *args: str) -> None:
+    def __init__(self, dsn: str, *args: str, listen_dsn: str | None = None) -> None:
+        """``listen_dsn``: $BATONQ_LISTEN_URL for the process (PostgreSQL
+        itself when ``dsn`` is a pooler); by default the one it inherits."""
         self.dsn = dsn
         self.args = args
+        listening = {ENV_LISTEN_DSN: listen_dsn} if listen_dsn else {}
         self.output: list[str] = []
         self._lock = threading.Lock()
         for attempt in range(3):  # a free port may be taken before the server binds it
@@ -57,7 +62,7 @@ class LiveServer:
                 [str(_BATONQ), "--dsn", dsn, "serve", "--port", str(self.port), "--log-level", "warning",
                  *args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **listening},
             )  # fmt: skip
             self._drainer = threading.Thread(target=self._drain, daemon=True)
             self._drainer.start()

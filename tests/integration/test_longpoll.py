@@ -22,9 +22,9 @@ import batonq
 from batonq import operations
 from batonq.listener import Listener
 
-# They tell a waiter's session apart on the server, which a pooler hides
-# (tests/integration/test_pgbouncer.py has the wake-ups through PgBouncer).
-pytestmark = pytest.mark.direct
+# Tests marked `direct` stay off PgBouncer with BATONQ_TEST_PGBOUNCER=1: they
+# tell a waiter's session apart on the server (which a pooler hides) or LISTEN
+# on a connection of their own (which needs a session).
 
 Q = "shop:tasks"
 SENTINEL = "shop:sentinel"
@@ -101,6 +101,7 @@ def connect(dsn: str, app: str, **options: Any) -> Iterator[batonq.Client]:
         yield c
 
 
+@pytest.mark.direct  # finds the waiter's session in pg_stat_activity
 def test_sync_waiter_wakes_within_100ms_of_enqueue(
     client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
@@ -117,6 +118,7 @@ def test_sync_waiter_wakes_within_100ms_of_enqueue(
     assert statistics.median(latencies) < WAKE_LIMIT_S, latencies
 
 
+@pytest.mark.direct  # finds the waiter's session in pg_stat_activity
 async def test_async_waiter_wakes_within_100ms_of_enqueue(aclient: batonq.AsyncClient, dsn: str) -> None:
     app = "async-waiter"
     latencies: list[float] = []
@@ -153,6 +155,7 @@ async def test_async_waiter_wakes_within_100ms_of_enqueue(aclient: batonq.AsyncC
     assert statistics.median(latencies) < WAKE_LIMIT_S, latencies
 
 
+@pytest.mark.direct  # finds the waiter's session in pg_stat_activity
 def test_twenty_waiters_share_one_listener_connection(
     client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
@@ -183,6 +186,7 @@ def test_twenty_waiters_share_one_listener_connection(
     assert wait_for(lambda: listeners(sql, dsn) == 0, timeout=5, what="the listener to close")
 
 
+@pytest.mark.direct  # finds the waiter's session in pg_stat_activity
 def test_poll_only_mode_returns_the_task_without_listening(
     client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
@@ -225,6 +229,7 @@ async def test_wait_s_is_at_most_55(client: batonq.Client, aclient: batonq.Async
             await aclient.claim(Q, wait_s=wait_s)
 
 
+@pytest.mark.direct  # LISTENs on a connection of its own
 def test_an_enqueue_that_commits_after_a_claim_drained_the_queue_still_wakes(dsn: str) -> None:
     """The interleaving that loses a wake-up when an enqueue stays silent
     because it saw a pending task: a claimer takes that task, looks again
@@ -253,6 +258,7 @@ def test_an_enqueue_that_commits_after_a_claim_drained_the_queue_still_wakes(dsn
         assert second != first
 
 
+@pytest.mark.direct  # LISTENs on a connection of its own
 @pytest.mark.parametrize(
     ("delays_s", "wakes"),
     [([60.0, 60.0], False), ([60.0, 0.0], True), ([60.0], True), (None, True)],
@@ -283,6 +289,7 @@ def woken_before_sentinel(client: batonq.Client, listener: psycopg.Connection[An
     return woken[:-1]
 
 
+@pytest.mark.direct  # LISTENs on a connection of its own
 def test_enqueues_notify_only_while_someone_awaits_the_queue(
     client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
@@ -357,6 +364,7 @@ def test_a_registration_waits_for_the_enqueue_that_is_committing(
         assert registrant.result(timeout=10) == [task_id]
 
 
+@pytest.mark.direct  # LISTENs on a connection of its own
 def test_a_registration_does_not_wait_for_a_transaction_left_open(
     client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
@@ -378,9 +386,8 @@ def test_a_registration_does_not_wait_for_a_transaction_left_open(
     assert len(client.claim(Q, max_tasks=5)) == 2
 
 
-def test_an_enqueue_does_not_wait_for_a_registration_under_way(
-    client: batonq.Client, dsn: str
-) -> None:
+@pytest.mark.direct  # LISTENs on a connection of its own
+def test_an_enqueue_does_not_wait_for_a_registration_under_way(client: batonq.Client, dsn: str) -> None:
     """A registration holds its lock until it commits; an enqueue meanwhile
     notifies without looking instead of queueing behind it."""
     with (
@@ -397,6 +404,7 @@ def test_an_enqueue_does_not_wait_for_a_registration_under_way(
         assert woken_before_sentinel(client, listener) == [Q]
 
 
+@pytest.mark.direct  # LISTENs on a connection of its own
 @pytest.mark.parametrize(("retry_delay_s", "wakes"), [(0, True), (30, False)])
 def test_a_failed_task_retried_at_once_wakes_claimers(
     client: batonq.Client, dsn: str, retry_delay_s: float, wakes: bool

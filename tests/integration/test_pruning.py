@@ -84,6 +84,10 @@ def test_each_operation_touches_only_its_queues_partition(
             "claim": token,
             "heartbeat": lambda: conn.execute("SELECT * FROM batonq.heartbeat(%s)", (token(),)),
             "complete": lambda: conn.execute("SELECT * FROM batonq.complete(%s, '{}')", (token(),)),
+            "complete_many": lambda: conn.execute(
+                "SELECT * FROM batonq.complete_many(%s::text[], ARRAY['{}', '{}']::jsonb[])",
+                ([token(), token()],),
+            ),
             "fail": lambda: conn.execute("SELECT * FROM batonq.fail(%s, '{}')", (token(),)),
             "release_lease": lambda: conn.execute("SELECT * FROM batonq.release_lease(%s)", (token(),)),
             "await_work": lambda: conn.execute("SELECT batonq.await_work(%s, 10)", (Q,)),

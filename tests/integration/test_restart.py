@@ -1,15 +1,21 @@
 """A PostgreSQL restart cuts every pooled connection: the calls after it,
-once the server is back, succeed (none of them gets a closed connection).
+once the server is back, succeed (none of them gets a closed connection);
+a long-poll waiting through it, behind PgBouncer, is woken as before.
 Each test crashes and restarts a private cluster of its own."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
+from tests.deployed import pgbouncer
 from tests.e2e.live import LiveServer
 from tests.private_cluster import PrivateCluster, private_cluster
+from tests.waiting import wait_for
 
 import batonq
 
@@ -48,3 +54,39 @@ def test_http_requests_after_a_restart_succeed(cluster: PrivateCluster) -> None:
             assert statuses == [200] * 40
     finally:
         server.stop()
+
+
+def registrations(dsn: str, queue: str) -> int:
+    """Rows in the unlogged table of wake-up registrations (0 while the server is down)."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=2) as conn:
+            row = conn.execute("SELECT count(*) FROM batonq.awaited WHERE queue = %s", [queue]).fetchone()
+    except psycopg.OperationalError:
+        return 0
+    return int(row[0]) if row else 0
+
+
+def test_a_long_poll_through_pgbouncer_is_woken_after_a_crash_restart(cluster: PrivateCluster) -> None:
+    """Crash recovery empties the unlogged registrations and cuts the LISTEN
+    connection: the waiting claim registers again once its listener is
+    back, and the next enqueue wakes it (its own polling is too slow to)."""
+    queue = "restart:wake"
+    with (
+        pgbouncer(cluster.dsn) as (host, port),
+        batonq.connect(
+            make_conninfo(cluster.dsn, host=host, port=port), listen_dsn=cluster.dsn, poll_interval_s=60
+        ) as waiter,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        claimed = pool.submit(waiter.claim, queue, wait_s=55)
+        wait_for(lambda: registrations(cluster.dsn, queue) == 1, timeout=15, what="the waiter's registration")
+        cluster.restart_immediate()
+        assert registrations(cluster.dsn, queue) == 0, "crash recovery resets unlogged tables"
+        wait_for(lambda: registrations(cluster.dsn, queue) == 1, timeout=15, what="the registration again")
+        with batonq.connect(cluster.dsn, listen=False) as producer:
+            task_id = producer.enqueue(queue, {"after": "the crash"}).task_id
+        enqueued = time.monotonic()
+        leases = claimed.result(timeout=15)
+        woken_in = time.monotonic() - enqueued
+    assert [lease.task_id for lease in leases] == [task_id]
+    assert woken_in < 2, f"woken {woken_in:.2f} s after the enqueue"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -22,11 +23,13 @@ import httpx2
 import psycopg
 from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
-from mcp.client.stdio import stdio_client
+from mcp.client.stdio import get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, Request, RequestParams, Result, TextContent
 from pydantic import TypeAdapter
 from tests.waiting import wait_for
+
+from batonq.client import ENV_LISTEN_DSN
 
 BATONQ = str(Path(sys.executable).parent / "batonq")
 WRITE_TOOLS = {
@@ -41,10 +44,20 @@ WRITE_TOOLS = {
 READ_TOOLS = {"batonq_tasks", "batonq_queues"}
 
 
+def mcp_process(dsn: str, *args: str) -> StdioServerParameters:
+    """``batonq --dsn DSN mcp ARGS``, with $BATONQ_LISTEN_URL when the test
+    set it (behind PgBouncer): the SDK passes a process only a few
+    variables of its environment."""
+    listen = {ENV_LISTEN_DSN: os.environ[ENV_LISTEN_DSN]} if ENV_LISTEN_DSN in os.environ else {}
+    return StdioServerParameters(
+        command=BATONQ, args=["--dsn", dsn, "mcp", *args], env={**get_default_environment(), **listen}
+    )
+
+
 @contextlib.asynccontextmanager
 async def stdio_session(dsn: str, *args: str) -> AsyncIterator[ClientSession]:
     """A session with its own ``batonq --dsn DSN mcp ARGS`` process."""
-    params = StdioServerParameters(command=BATONQ, args=["--dsn", dsn, "mcp", *args])
+    params = mcp_process(dsn, *args)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         yield session

@@ -14,15 +14,15 @@ from typing import Any
 import anyio
 import psycopg
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
 from tests.mcp_server.support import (
-    BATONQ,
     CreatedTask,
     Service,
     call,
     make_key,
+    mcp_process,
     refused,
     running_service,
     stdio_session,
@@ -47,8 +47,7 @@ class Where:
 
     def client(self, key: str | None = None) -> contextlib.AbstractAsyncContextManager[Client]:
         if self.service is None:
-            args = ["--dsn", self.admin_dsn, "mcp", *(["--key", key] if key else [])]
-            return tasks_client(StdioServerParameters(command=BATONQ, args=args))
+            return tasks_client(mcp_process(self.admin_dsn, *(["--key", key] if key else [])))
         return tasks_client(self.service.url, key or self.service.admin_key)
 
 
@@ -214,7 +213,7 @@ async def test_a_client_without_the_extension_gets_the_plain_answer(dsn: str, ad
 
 async def test_cancel_through_a_database_role_that_may_not_says_so(dsn: str) -> None:
     """``batonq mcp`` on the worker role: operator actions are the schema owner's."""
-    async with tasks_client(StdioServerParameters(command=BATONQ, args=["--dsn", dsn, "mcp"])) as client:
+    async with tasks_client(mcp_process(dsn)) as client:
         created = await run_as_task(client, queue="cancel", payload={"n": 1})
         with pytest.raises(MCPError) as refused_cancel:
             await task_request(client.session, "tasks/cancel", created.task_id)

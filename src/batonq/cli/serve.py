@@ -17,6 +17,8 @@ __all__ = ["app_from_env", "serve"]
 
 # How `--workers N` hands the service's settings to its N processes.
 _ENV_APP = "BATONQ_SERVE_APP"
+# Seconds a --workers process may take to answer uvicorn's health check.
+_HEALTHCHECK_S = 60
 
 
 @click.command()
@@ -124,8 +126,12 @@ def serve(
         uvicorn.run(create_server(**settings), host=host, port=port, log_level=log_level)
         return
     os.environ[_ENV_APP] = json.dumps(settings)  # the worker processes inherit it
+    # uvicorn kills and restarts a process that does not answer its health
+    # check in time, and a new process answers only once it has imported the
+    # service: at uvicorn's 5 s, a busy host restarts them in a loop.
     uvicorn.run("batonq.cli.serve:app_from_env", factory=True, workers=workers,
-                host=host, port=port, log_level=log_level)  # fmt: skip
+                host=host, port=port, log_level=log_level,
+                timeout_worker_healthcheck=_HEALTHCHECK_S)  # fmt: skip
 
 
 def app_from_env() -> FastAPI:
