@@ -6,6 +6,7 @@ Generated from client.py by scripts/generate_sync.py: do not edit by hand.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import socket
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.adapt import AdaptersMap
 from psycopg.types.json import set_json_loads
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from batonq import operations
 from batonq.embedded import resolve_dsn
@@ -63,6 +64,8 @@ T = TypeVar("T")
 _AWAIT_S = 15.0
 _AWAIT_MARGIN_S = 1.0
 _RECONNECT_S = 0.5
+_UNREACHABLE_WAIT_S = 1.0
+"""How long a call waits for a connection while the database is unreachable."""
 """How long the pool retries a lost connection before it gives the attempt
 up. psycopg_pool retries with a backoff that doubles from 1 s: kept for
 minutes, its next attempt could come many seconds after the database is
@@ -111,8 +114,10 @@ class Client:
       may hand each transaction another server connection).
     - ``sweeper``: run a leader-elected sweeper in this process.
     - ``connection_wait_s``: how long a call waits for a pooled connection
-      (the database down, or every connection busy) before it fails with
-      ``psycopg_pool.PoolTimeout``.
+      while every connection is busy before it fails with
+      ``psycopg_pool.PoolTimeout``. While the database is unreachable (the
+      pool's last attempt to connect failed) a call fails after at most
+      ``_UNREACHABLE_WAIT_S`` instead, so callers hear at once that it is down.
     """
 
     def __init__(
@@ -135,6 +140,9 @@ class Client:
             prepare = self.listen_dsn == dsn
         self.worker_name = worker_name or _default_worker()
         self.poll_interval_s = poll_interval_s
+        self.connection_wait_s = connection_wait_s
+        self._unreachable = False  # the pool's last attempt to connect failed
+        self._looked_empty: dict[str, float] = {}  # queue -> time.monotonic() a claim found nothing
         self._pool = ConnectionPool(
             dsn,
             min_size=min_connections,
@@ -143,16 +151,23 @@ class Client:
             timeout=connection_wait_s,
             reconnect_timeout=_RECONNECT_S,
             reconnect_failed=self._connect_again,
+            configure=self._connected,
             open=False,
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
         self._listener = Listener(self.listen_dsn, self.forget_awaited) if listen else NoListener()
         self._sweeper = Sweeper(self.listen_dsn) if sweeper else None
 
+    def _connected(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool made a connection: the database is reachable."""
+        self._unreachable = False
+
     def _connect_again(self, pool: ConnectionPool[Any]) -> None:
         """The pool gave a connection attempt up (after ``_RECONNECT_S``):
-        start another now if calls wait for a connection (``check`` grows
+        the database is unreachable until a connection is made again. Start
+        another attempt now if calls wait for a connection (``check`` grows
         the pool when it has none to give)."""
+        self._unreachable = True
         if pool.get_stats().get("requests_waiting", 0):
             pool.check()
 
@@ -203,13 +218,36 @@ class Client:
         all of its idle connections (a round trip each), replacing the
         closed ones, and the call goes on with a fresh one instead of
         failing."""
-        with self._pool.connection() as conn:
+        with self._pooled_connection() as conn:
             if not _heard_while_idle(conn):
                 yield conn
                 return
         self._pool.check()
-        with self._pool.connection() as conn:
+        with self._pooled_connection() as conn:
             yield conn
+
+    @contextlib.contextmanager
+    def _pooled_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """The pool's ``connection()``, waiting a slice at a time: a busy
+        pool makes a call wait up to ``connection_wait_s``; a database seen
+        unreachable makes it fail within ``_UNREACHABLE_WAIT_S``, even one
+        that began to wait before the database went away."""
+        conn = self._getconn()
+        try:
+            with conn:
+                yield conn
+        finally:
+            self._pool.putconn(conn)
+
+    def _getconn(self) -> psycopg.Connection[Any]:
+        deadline = time.monotonic() + self.connection_wait_s
+        while True:
+            wait = max(min(_UNREACHABLE_WAIT_S, deadline - time.monotonic()), 0.0)
+            try:
+                return self._pool.getconn(wait)
+            except PoolTimeout:
+                if self._unreachable or time.monotonic() >= deadline:
+                    raise
 
     def _run(self, call: Call[T], conn: psycopg.Connection[Any] | None = None) -> T:
         try:
@@ -315,12 +353,27 @@ class Client:
             return self._run(call)
         deadline = time.monotonic() + wait_s
         with self.watch(queue) as wake:
+            woken = True
             while True:
-                leases = self._run(call)
+                # Between wake-ups every waiter looks again each poll
+                # interval (a delayed task comes due without a wake-up), but
+                # waiters of one queue share their looks: after one found
+                # nothing, the others sleep on for the interval. 1,000
+                # long-polls on an idle queue cost one claim a second, not
+                # 1,000.
+                if woken or not self._looked_lately(queue):
+                    leases = self._run(call)
+                    if leases:
+                        return leases
+                    self._looked_empty[queue] = time.monotonic()
                 remaining = deadline - time.monotonic()
-                if leases or remaining <= 0:
-                    return leases
-                wake.wait(min(remaining, self.poll_interval_s))
+                if remaining <= 0:
+                    return []
+                woken = wake.wait(min(remaining, self.poll_interval_s))
+
+    def _looked_lately(self, queue: str) -> bool:
+        """A claim of this client found ``queue`` empty within the poll interval."""
+        return time.monotonic() - self._looked_empty.get(queue, -math.inf) < self.poll_interval_s
 
     def watch(self, queue: str) -> contextlib.AbstractContextManager[Wake]:
         """Wait for work in ``queue``: ``with client.watch(q) as wake:

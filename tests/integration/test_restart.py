@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import PoolTimeout
 from tests.deployed import pgbouncer
 from tests.e2e.live import LiveServer
 from tests.private_cluster import PrivateCluster, private_cluster
@@ -20,6 +21,7 @@ from tests.waiting import wait_for
 import batonq
 
 POOL = 4
+DOWN = (PoolTimeout, psycopg.OperationalError)
 
 
 @pytest.fixture
@@ -90,3 +92,52 @@ def test_a_long_poll_through_pgbouncer_is_woken_after_a_crash_restart(cluster: P
         woken_in = time.monotonic() - enqueued
     assert [lease.task_id for lease in leases] == [task_id]
     assert woken_in < 2, f"woken {woken_in:.2f} s after the enqueue"
+
+
+def test_a_busy_pool_makes_calls_wait_and_an_absent_database_makes_them_fail_fast(
+    cluster: PrivateCluster,
+) -> None:
+    """A call waits up to connection_wait_s for a busy pool's connection,
+    but once the pool failed to connect it gives up within about a second,
+    even a call that began to wait before the database went away."""
+    options = {"min_connections": 1, "max_connections": 1, "listen": False, "connection_wait_s": 20.0}
+    with batonq.connect(cluster.dsn, **options) as client, ThreadPoolExecutor(2) as threads:
+        # Busy: the only connection is held for 3 s; a second call waits for it.
+        def hold(seconds: float) -> None:
+            with client.transaction() as conn:
+                conn.execute("SELECT pg_sleep(%s)", (seconds,))
+
+        holder = threads.submit(hold, 3.0)
+        wait_for(lambda: client._pool.get_stats().get("pool_available", 1) == 0, timeout=10)
+        began = time.monotonic()
+        assert client.queues() == []
+        assert time.monotonic() - began > 1.5  # it waited past the 1 s it would give a database down
+        holder.result()
+
+        # Absent: a call is waiting for the held connection when the server stops.
+        holder = threads.submit(hold, 30.0)
+        wait_for(lambda: client._pool.get_stats().get("pool_available", 1) == 0, timeout=10)
+        waiter = threads.submit(client.queues)
+        wait_for(lambda: client._pool.get_stats().get("requests_waiting", 0) >= 1, timeout=10)
+        cluster.stop()
+        stopped = time.monotonic()
+        with pytest.raises(DOWN):
+            waiter.result(timeout=30)
+        assert time.monotonic() - stopped < 4.0, f"gave up {time.monotonic() - stopped:.1f} s after the stop"
+        with pytest.raises(DOWN):
+            holder.result(timeout=30)
+        began = time.monotonic()
+        with pytest.raises(DOWN):
+            client.queues()
+        assert time.monotonic() - began < 2.5
+
+        cluster.start()
+        wait_for(lambda: _answers(client), timeout=10)
+
+
+def _answers(client: batonq.Client) -> bool:
+    try:
+        client.queues()
+    except DOWN:
+        return False
+    return True

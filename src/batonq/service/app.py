@@ -138,9 +138,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # While the database is down a request waits at most 1 s for a
-        # connection, then answers 503: callers retry instead of hanging.
-        options: dict[str, Any] = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 1.0}
+        # A burst larger than the pool waits up to 10 s for a connection;
+        # while the database is unreachable a request waits at most 1 s,
+        # then answers 503: callers retry instead of hanging.
+        options: dict[str, Any] = {"max_connections": 20, "sweeper": sweeper, "connection_wait_s": 10.0}
         options.update(client_options or {})
         async with AsyncExitStack() as opened:
             client = await opened.enter_async_context(await AsyncClient(dsn, **options).open())
