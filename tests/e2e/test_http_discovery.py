@@ -32,6 +32,9 @@ def test_llms_txt_and_the_cards_point_at_the_endpoints(server: LiveServer) -> No
             ("POST", "/v1/tasks/{task_id}/{action}"), ("PATCH", "/v1/queues/{queue}"), ("GET", "/v1/graph"),
             ("POST", "/v1/graph/edges"), ("DELETE", "/v1/graph/edges/{from_queue}/{to_queue}"),
             ("GET", "/v1/keys"), ("POST", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
+            ("GET", "/v1/queues/{queue}/settings"), ("GET", "/v1/schedules"), ("POST", "/v1/schedules"),
+            ("DELETE", "/v1/schedules/{name}"), ("POST", "/v1/schedules/{name}/{action}"),
+            ("GET", "/v1/audit"),
         }  # fmt: skip
         assert operations == expected
         for method, path in expected:
