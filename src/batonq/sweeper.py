@@ -18,6 +18,11 @@ __all__ = ["Sweeper"]
 
 log = logging.getLogger("batonq.sweeper")
 _LEADER_KEY = 0x6261_746F_6E71_01  # "batonq" + 1
+# Vacuuming is a duty apart, held by one process among those whose role may
+# vacuum the hot table: the leader is often a worker's sweeper, whose role
+# owns no table.
+_VACUUM_KEY = 0x6261_746F_6E71_02
+_MAY_VACUUM = "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'batonq.tasks'::regclass"
 
 # The hot partitions with at least %s dead row versions that this role may
 # vacuum (it owns them, or is a superuser): VACUUM cannot run in a function.
@@ -34,7 +39,9 @@ class Sweeper:
     ``interval_s`` seconds and ``batonq.maintain()`` every
     ``maintain_every_s``, while leader; and
     VACUUMs each partition of the hot table that holds ``vacuum_dead`` dead
-    row versions or more (0: never), when its role owns the tables.
+    row versions or more (0: never), when its role owns the tables and no
+    other such sweeper does it (a lock of its own: the leader may be a
+    sweeper whose role owns nothing).
 
     Every claim moves a row out of the claim index and every complete
     deletes one, so a busy queue leaves about two dead row versions per
@@ -64,6 +71,7 @@ class Sweeper:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.is_leader = False
+        self.vacuums_here = False  # holds the vacuum duty
         self.swept = 0
         self.vacuums = 0
         self.fired = 0
@@ -89,13 +97,15 @@ class Sweeper:
                     finally:
                         # The leader lock is this connection's: leadership
                         # ends with it, on stop() as on a lost connection.
-                        self.is_leader = False
+                        self.is_leader = self.vacuums_here = False
             except psycopg.Error as error:
                 log.warning("sweeper connection lost (%s); retrying", error)
                 self._stop.wait(self.interval_s)
 
     def _lead(self, conn: psycopg.Connection) -> None:
         next_maintain = 0.0
+        row = conn.execute(_MAY_VACUUM).fetchone() if self.vacuum_dead > 0 else None
+        may_vacuum = bool(row and row[0])
         while not self._stop.is_set():
             if not self.is_leader:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_KEY,)).fetchone()
@@ -113,8 +123,11 @@ class Sweeper:
                     # tick, or a busy queue's finished tasks outgrow it.
                     behind = bool(report.get("behind"))
                     next_maintain = time.monotonic() + (self.interval_s if behind else self.maintain_every_s)
-                if self.vacuum_dead > 0:
-                    self._vacuum(conn)
+            if may_vacuum and not self.vacuums_here:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_VACUUM_KEY,)).fetchone()
+                self.vacuums_here = bool(row and row[0])
+            if self.vacuums_here:
+                self._vacuum(conn)
             self._stop.wait(self.interval_s)
 
     def _fire_schedules(self, conn: psycopg.Connection) -> None:

@@ -90,7 +90,7 @@ def hot_partition_stats(sql: psycopg.Connection[Any], queue: str) -> tuple[int, 
     return int(row[0]), int(row[1])
 
 
-def test_the_leader_vacuums_a_hot_partition_full_of_dead_rows(
+def test_a_sweeper_that_owns_the_tables_vacuums_a_hot_partition_full_of_dead_rows(
     admin_dsn: str, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
     queue = "busy:queue"
@@ -108,12 +108,18 @@ def test_the_leader_vacuums_a_hot_partition_full_of_dead_rows(
         with psycopg.connect(who) as conn:
             assert len(conn.execute(VACUUM_DUE, (1000,)).fetchall()) == due, who
 
+    # A worker's sweeper leads (it came first); the owner's vacuums all the same.
+    worker_side = batonq.Sweeper(dsn, interval_s=0.1, vacuum_dead=1000)
     owner_side = batonq.Sweeper(admin_dsn, interval_s=0.1, vacuum_dead=1000)
-    owner_side.start()
+    worker_side.start()
     try:
+        wait_for(lambda: worker_side.is_leader, timeout=10, what="the worker's sweeper to lead")
+        owner_side.start()
         wait_for(lambda: owner_side.vacuums, timeout=10, what="a vacuum")
+        assert not owner_side.is_leader and worker_side.vacuums == 0
     finally:
         owner_side.stop()
+        worker_side.stop()
     dead_after, _ = wait_for(
         lambda: (s := hot_partition_stats(sql, queue))[1] > vacuums and s, timeout=15, what="the stats"
     )
