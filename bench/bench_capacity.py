@@ -54,12 +54,12 @@ from typing import Any
 
 import httpx
 import psycopg
-from batonq.bench import drive
-from batonq.bench.environment import git_commit, machine_info, pressure, with_db
 from bench_http import http_worker, prepare, python_worker, served
 from bench_sustained import cluster_cpu_s, private_cluster
 
 import batonq
+from batonq.benchmark import drive
+from batonq.benchmark.environment import git_commit, machine_info, pressure, with_db
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SETUPS = (0, 1, 2)  # 0: the Python client straight to PostgreSQL; N: batonq serve --workers N

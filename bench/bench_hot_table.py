@@ -66,9 +66,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from batonq.bench.environment import git_commit, machine_info, with_db
 from bench_sustained import cluster_cpu_s, private_cluster
 from psycopg.types.json import Jsonb
+
+from batonq.benchmark.environment import git_commit, machine_info, with_db
 
 BENCH = Path(__file__).resolve().parent
 QUEUE = "bench:hot"
