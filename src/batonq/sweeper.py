@@ -70,6 +70,7 @@ class Sweeper:
         self.schedule_grace_s = max(2.0, 2 * interval_s) if schedule_grace_s is None else schedule_grace_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection | None = None
         self.is_leader = False
         self.vacuums_here = False  # holds the vacuum duty
         self.swept = 0
@@ -84,6 +85,12 @@ class Sweeper:
 
     def stop(self) -> None:
         self._stop.set()
+        # A sweep, maintenance or VACUUM may run for long on a big table:
+        # cancel it rather than wait for it (a worker's second signal must
+        # stop it at once).
+        conn = self._conn
+        if conn is not None:
+            conn.cancel_safe(timeout=2.0)
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
@@ -92,13 +99,17 @@ class Sweeper:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self._dsn, autocommit=True) as conn:
+                    self._conn = conn
                     try:
                         self._lead(conn)
                     finally:
+                        self._conn = None
                         # The leader lock is this connection's: leadership
                         # ends with it, on stop() as on a lost connection.
                         self.is_leader = self.vacuums_here = False
             except psycopg.Error as error:
+                if self._stop.is_set():
+                    return  # the statement stop() cancelled
                 log.warning("sweeper connection lost (%s); retrying", error)
                 self._stop.wait(self.interval_s)
 

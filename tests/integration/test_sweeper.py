@@ -147,3 +147,31 @@ def test_the_sweeper_keeps_maintaining_while_retention_is_behind(admin_dsn: str,
         )
     finally:
         sweeper.stop()
+
+
+@pytest.mark.direct  # the blocking lock is held on a connection of its own
+def test_stop_cancels_a_statement_that_runs_long(
+    dsn: str, admin_dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """A sweep stuck behind a lock (or a long VACUUM) does not hold up stop()."""
+    with psycopg.connect(admin_dsn) as blocker:
+        blocker.execute("LOCK TABLE batonq.tasks IN ACCESS EXCLUSIVE MODE")
+        sweeper = batonq.Sweeper(dsn, interval_s=0.2)
+        sweeper.start()
+        thread = sweeper._thread
+        assert thread is not None
+
+        def sweeper_waits() -> bool:
+            row = sql.execute(
+                """SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'"""
+            ).fetchone()
+            return bool(row and row[0])
+
+        wait_for(sweeper_waits, timeout=10, what="the sweeper to wait on the lock")
+        started = time.monotonic()
+        sweeper.stop()
+        took = time.monotonic() - started
+        assert not thread.is_alive(), "the sweeper's thread still runs"
+        assert took < 5, f"stop() took {took:.1f} s"
+        blocker.rollback()
