@@ -261,3 +261,46 @@ def test_a_long_poll_on_an_empty_rate_bucket_wakes_when_a_token_is_due(
     [leases, returned] = answer
     assert len(leases) == 1
     assert 1.0 < returned - started < 4.0  # the token's time, not the 30 s poll
+
+
+async def test_a_worker_held_back_by_the_rate_limit_sleeps_only_until_the_next_token(
+    admin: batonq.Client, dsn: str
+) -> None:
+    """Its idle wait is 30 s; the rate's tokens come every 0.1 s, and it
+    takes each one about when it is due."""
+    admin.configure_queue(Q, rate_limit=10, rate_period_s=1)
+    admin.enqueue_many(Q, [{"i": i} for i in range(25)])
+    app = batonq.App()
+
+    @app.task(Q)
+    def run(job: batonq.Job) -> None:
+        return None
+
+    started = time.monotonic()
+    worker = batonq.Worker(app, dsn=dsn, handle_signals=False, concurrency=4, wait_s=30, max_tasks=25)
+    assert await worker.run_async() == 0
+    elapsed = time.monotonic() - started
+    # 10 at once (the full bucket), then 15 at 10 a second.
+    assert 1.3 < elapsed < 5.0, elapsed
+
+
+def test_a_lapsed_lease_is_taken_up_again_only_with_room_under_the_limit(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    """A heartbeat takes up its lease that ran out with nobody claiming the
+    task since -- unless that would put the queue over its limit."""
+    admin.configure_queue(Q, max_leased=1)
+    admin.enqueue(Q, {"n": "lapsing"})
+    [lapsing] = client.claim(Q)
+    admin.enqueue(Q, {"n": "urgent"}, priority=10)
+    sql.execute(
+        "UPDATE batonq.tasks SET lease_expires_at = now() - interval '1 s' WHERE id = %s", (lapsing.task_id,)
+    )
+    assert admin.sweep() == 1  # back to pending, its lease token still the task's
+    [urgent] = client.claim(Q)
+    assert urgent.row == {"n": "urgent"}
+    with pytest.raises(batonq.LeaseLost):
+        client.heartbeat(lapsing.lease_token)
+    client.complete(urgent.lease_token)
+    assert client.heartbeat(lapsing.lease_token).accepted
+    assert client.claim(Q) == []  # the limit is taken again
