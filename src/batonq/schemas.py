@@ -398,6 +398,7 @@ class TaskOut(BaseModel):
     last_error: str | None
     errors: list[dict[str, Any]] = Field(description="every attempt's error, oldest first")
     result: Any
+    group: str | None = Field(description="the group the task counts against (group_max_leased)")
 
     @classmethod
     def of(cls, t: models.Task) -> TaskOut:
@@ -408,7 +409,7 @@ class TaskOut(BaseModel):
             parent_id=tid(t.parent_id), root_id=task_ref(t.root_id), fencing_token=t.fencing_token,
             run_at=t.run_at, created_at=t.created_at, claimed_at=t.claimed_at,
             lease_expires_at=t.lease_expires_at, finished_at=t.finished_at, worker=t.worker,
-            stage=t.stage, last_error=t.last_error, errors=t.errors, result=t.result,
+            stage=t.stage, last_error=t.last_error, errors=t.errors, result=t.result, group=t.group,
         )  # fmt: skip
 
 
