@@ -60,7 +60,7 @@ async def configure(
     """Fields left out keep their value. `paused: true` stops claims (enqueue still works)."""
     access.check_queue(queue)
     settings = await client_of(request).configure_queue(queue, **body.model_dump(), actor=actor(access))
-    return s.QueueSettingsOut.model_validate(settings, from_attributes=True)
+    return s.QueueSettingsOut.of(settings)
 
 
 @router.post("/graph/edges", response_model=s.EdgeOut, summary="Add (or replace) an edge of the queue graph")

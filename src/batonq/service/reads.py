@@ -41,7 +41,7 @@ async def queues(
     are counted."""
     shown, next_cursor = await queue_page(reader_of(request), access, cursor, limit)
     return s.QueuesOut(
-        queues=[s.QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
+        queues=[s.QueueStatsOut.of(q) for q in shown],
         next_cursor=next_cursor,
     )
 
@@ -57,7 +57,7 @@ async def queue_settings(
     access.check_queue(queue)
     for config in await reader_of(request).queue_configs():
         if config.name == queue:
-            return s.QueueSettingsOut.model_validate(config, from_attributes=True)
+            return s.QueueSettingsOut.of(config)
     raise QueueNotFound(f"queue {queue} does not exist", queue=queue)
 
 
