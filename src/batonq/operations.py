@@ -275,8 +275,12 @@ def queues(
     )
 
 
-def queue_configs() -> Call[list[QueueConfig]]:
-    return Call(f"SELECT {_QUEUE_CONFIG} FROM batonq.list_queues()", (), _all(QueueConfig))
+def queue_configs(queues: Sequence[str] | None = None) -> Call[list[QueueConfig]]:
+    return Call(
+        f"SELECT {_QUEUE_CONFIG} FROM batonq.list_queues(%s::text[])",
+        (None if queues is None else list(queues),),
+        _all(QueueConfig),
+    )
 
 
 def configure_queue(
@@ -492,8 +496,12 @@ def pause_schedule(name: str, paused: bool, *, actor: str | None = None) -> Call
     return Call("SELECT * FROM batonq.pause_schedule(%s, %s, %s)", (name, paused, actor), _one(Schedule))
 
 
-def schedules_list() -> Call[list[Schedule]]:
-    return Call("SELECT * FROM batonq.list_schedules()", (), _all(Schedule))
+def schedules_list(queues: Sequence[str] | None = None) -> Call[list[Schedule]]:
+    return Call(
+        "SELECT * FROM batonq.list_schedules(%s::text[])",
+        (None if queues is None else list(queues),),
+        _all(Schedule),
+    )
 
 
 def schedule_firings(name: str, limit: int = 50) -> Call[list[ScheduleFiring]]:

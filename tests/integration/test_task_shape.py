@@ -32,7 +32,7 @@ PYTHON_TYPES: dict[str, Any] = {
 ENGINE_ROWS = {
     models.Task: "SELECT (NULL::batonq.task_view).*",
     models.QueueStats: "SELECT * FROM batonq.queue_stats(NULL, NULL, 0, NULL)",
-    models.QueueConfig: "SELECT * FROM batonq.list_queues() LIMIT 0",
+    models.QueueConfig: "SELECT * FROM batonq.list_queues(NULL) LIMIT 0",
 }
 # The JSON Schema types the API sends Python's as.
 JSON_TYPES: dict[Any, dict[str, Any]] = {

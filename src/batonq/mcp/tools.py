@@ -439,9 +439,9 @@ async def batonq_queues(
     caller = caller_of(ctx)
     with _as_tool_errors():
         shown, next_cursor = await queue_page(caller.client, caller.access, cursor, limit)
-        on_page = {q.queue for q in shown}
-        settings = [c for c in await caller.client.queue_configs() if c.name in on_page]
-        schedules = [f for f in await caller.client.schedules() if f.queue in on_page]
+        on_page = [q.queue for q in shown]
+        settings = await caller.client.queue_configs(on_page)
+        schedules = await caller.client.schedules(on_page)
     return QueuesOut(
         queues=[QueueStatsOut.of(q) for q in shown],
         next_cursor=next_cursor,

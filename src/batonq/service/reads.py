@@ -55,10 +55,10 @@ async def queue_settings(
     """paused, lease, attempts, backoff, retention and body limit; change
     them with `PATCH /v1/queues/{queue}` (admin)."""
     access.check_queue(queue)
-    for config in await reader_of(request).queue_configs():
-        if config.name == queue:
-            return s.QueueSettingsOut.of(config)
-    raise QueueNotFound(f"queue {queue} does not exist", queue=queue)
+    found = await reader_of(request).queue_configs([queue])
+    if not found:
+        raise QueueNotFound(f"queue {queue} does not exist", queue=queue)
+    return s.QueueSettingsOut.of(found[0])
 
 
 @router.get("/tasks", response_model=s.TaskListOut, summary="The newest tasks of a queue")
