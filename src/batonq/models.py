@@ -41,6 +41,8 @@ JSON = Any
 
 TASK_STATES = ("waiting", "held", "pending", "leased", "done", "dead", "cancelled")
 FINISHED_STATES = ("done", "dead", "cancelled")
+SET_ASIDE_KINDS = ("complete", "fail", "heartbeat", "release")
+AUDITED_KINDS = ("queue", "schedule")
 
 
 class _Missing:
@@ -217,13 +219,15 @@ class SetAsideWrite:
     when, the task's ``state`` then, and who held the lease that token names
     (``worker`` and the claiming API key's ``key_id``; None when unknown)."""
 
-    task_id: int
-    kind: str
-    fencing_token: int
+    task_id: int = field(metadata=shown(ref=True))
+    kind: str = field(metadata=shown(choices=SET_ASIDE_KINDS))
+    fencing_token: int = field(metadata=shown("the token the write presented"))
     at: datetime
-    state: str
-    worker: str | None
-    key_id: int | None
+    state: str = field(metadata=shown("the task's state when the write was refused", choices=TASK_STATES))
+    worker: str | None = field(metadata=shown("the worker that held that token's lease; null when unknown"))
+    key_id: int | None = field(
+        metadata=shown("the API key that claimed that lease; null when none or unknown")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +313,7 @@ class ApiKey:
 class NewKey:
     """A key just made: ``key`` is shown this once."""
 
-    key: str = field(repr=False)
+    key: str = field(repr=False, metadata=shown("shown this once: store it now"))
     id: int
     name: str
     ring: int
@@ -392,8 +396,8 @@ class AuditEntry:
 
     id: int
     at: datetime
-    actor: str
-    kind: str
+    actor: str = field(metadata=shown("the API key (key:7) or database role that made the change"))
+    kind: str = field(metadata=shown(choices=AUDITED_KINDS))
     name: str
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
+    before: dict[str, Any] | None = field(metadata=shown("null: created"))
+    after: dict[str, Any] | None = field(metadata=shown("null: removed"))

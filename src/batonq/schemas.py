@@ -460,28 +460,9 @@ class RunOut(BaseModel):
         )  # fmt: skip
 
 
-SetAsideKind = Literal["complete", "fail", "heartbeat", "release"]
-
-
-class SetAsideOut(BaseModel):
+class SetAsideOut(Derived, of=models.SetAsideWrite):
     """A write refused and set aside (a late or forged complete, fail,
     heartbeat or release), with who held the lease its token names."""
-
-    task_id: str
-    kind: SetAsideKind
-    fencing_token: int = Field(description="the token the write presented")
-    at: datetime
-    state: State = Field(description="the task's state when the write was refused")
-    worker: str | None = Field(description="the worker that held that token's lease; null when unknown")
-    key_id: int | None = Field(description="the API key that claimed that lease; null when none or unknown")
-
-    @classmethod
-    def of(cls, w: models.SetAsideWrite) -> SetAsideOut:
-        return cls(
-            task_id=task_ref(w.task_id), kind=cast(SetAsideKind, w.kind),
-            fencing_token=w.fencing_token, at=w.at, state=cast(State, w.state), worker=w.worker,
-            key_id=w.key_id,
-        )  # fmt: skip
 
 
 class TaskDetailOut(TaskOut):
@@ -527,18 +508,8 @@ class EdgeIn(Strict):
     delay_s: DelayS = Field(0, validation_alias=AliasChoices("delay_s", "delay_seconds"))
 
 
-class EdgeOut(BaseModel):
-    from_queue: str
-    to_queue: str
-    map: str | None
-    fan_out: str | None
-    when_pointer: str | None
-    when_equals: Any
-    when_present: bool | None
-    is_join: bool
-    partial: bool
-    priority: int | None
-    delay_s: float
+class EdgeOut(Derived, of=models.Edge):
+    pass
 
 
 class GraphOut(BaseModel):
@@ -551,22 +522,12 @@ class KeyIn(Strict):
     name: str = Field("", max_length=200)
 
 
-class KeyOut(BaseModel):
-    id: int
-    name: str
-    ring: int
-    queues: list[str]
-    created_at: datetime
-    last_used_at: datetime | None
-    revoked_at: datetime | None
+class KeyOut(Derived, of=models.ApiKey):
+    pass
 
 
-class NewKeyOut(BaseModel):
-    key: str = Field(description="shown this once: store it now")
-    id: int
-    name: str
-    ring: int
-    queues: list[str]
+class NewKeyOut(Derived, of=models.NewKey):
+    pass
 
 
 class KeysOut(BaseModel):
@@ -623,14 +584,8 @@ class SchedulesOut(BaseModel):
     schedules: list[ScheduleOut]
 
 
-class AuditEntryOut(BaseModel):
-    id: int
-    at: datetime
-    actor: str = Field(description="the API key (key:7) or database role that made the change")
-    kind: Literal["queue", "schedule"]
-    name: str
-    before: dict[str, Any] | None = Field(description="null: created")
-    after: dict[str, Any] | None = Field(description="null: removed")
+class AuditEntryOut(Derived, of=models.AuditEntry):
+    pass
 
 
 class AuditOut(BaseModel):

@@ -128,7 +128,7 @@ async def graph(request: Request, access: Observer) -> s.GraphOut:
     edges = await client_of(request).edges()
     return s.GraphOut(
         edges=[
-            s.EdgeOut.model_validate(e, from_attributes=True)
+            s.EdgeOut.of(e)
             for e in edges
             if access.covers(e.from_queue) or access.covers(e.to_queue)
         ]
