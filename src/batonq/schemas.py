@@ -106,7 +106,7 @@ def tid(value: int | None) -> str | None:
 def _sent_type(annotation: Any, how: models.Shown) -> Any:
     """The type a field is sent as: a task id as text, choices as a Literal."""
     if how.ref:
-        return str | None if annotation == int | None else str
+        return str | None if type(None) in typing.get_args(annotation) else str
     if how.choices is not None:
         return Literal[how.choices]
     return annotation
@@ -143,10 +143,10 @@ class Derived(BaseModel):
     @classmethod
     def of(cls, source: Any) -> Self:
         """``source`` (an instance of the dataclass) as this body."""
-        values = {name: getattr(source, field) for field, name, _ in cls._shown}
-        for _, name, ref in cls._shown:
-            if ref:
-                values[name] = tid(values[name])
+        values = {}
+        for field, name, ref in cls._shown:
+            value = getattr(source, field)
+            values[name] = tid(value) if ref else value
         return cls.model_validate(values)
 
 
