@@ -7,7 +7,6 @@ error body, a tool error, a sign-in page).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import math
@@ -196,19 +195,17 @@ async def visible_task(client: AsyncClient, access: Access, task_id: int | str) 
 
 DEFAULT_NEW_QUEUES_PER_HOUR = 100
 _HOUR_S = 3600.0
-_REFRESH_S = 1.0
 
 
 class NewQueues:
     """At most ``per_hour`` new queues per key and hour, in this process, for
     keys weaker than ring 1 (an enqueue creates its queue). Past it: 429 with
-    Retry-After. Which queues exist is read again at most every second."""
+    Retry-After. Whether a queue exists is read once it is named, and
+    remembered once it does."""
 
     def __init__(self, client: AsyncClient, per_hour: int) -> None:
         self._client, self.per_hour = client, per_hour
-        self._known: set[str] = set()
-        self._read_at = -math.inf
-        self._reading = asyncio.Lock()
+        self._known: set[str] = set()  # queues found to exist
         self._made: dict[int, deque[float]] = {}  # key id -> time.monotonic() of each queue it made
 
     async def check(self, access: Access, queues: Iterable[str]) -> None:
@@ -219,11 +216,9 @@ class NewQueues:
         new = set(queues) - self._known
         if not new:
             return
-        async with self._reading:
-            if time.monotonic() - self._read_at >= _REFRESH_S:
-                self._known = {q.name for q in await self._client.queue_configs()}
-                self._read_at = time.monotonic()
-        new -= self._known
+        found = {q.name for q in await self._client.queue_configs(sorted(new))}
+        self._known |= found
+        new -= found
         if not new:
             return
         now = time.monotonic()

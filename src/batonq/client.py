@@ -532,8 +532,9 @@ class AsyncClient:
         one of ``patterns`` (anchored POSIX regular expressions)."""
         return await self._run(operations.queues(queue, after=after, limit=limit, patterns=patterns))
 
-    async def queue_configs(self) -> list[QueueConfig]:
-        return await self._run(operations.queue_configs())
+    async def queue_configs(self, queues: Sequence[str] | None = None) -> list[QueueConfig]:
+        """Every queue's settings by name, or only those of ``queues``."""
+        return await self._run(operations.queue_configs(queues))
 
     async def configure_queue(
         self,
@@ -612,8 +613,9 @@ class AsyncClient:
         ticks that passed while paused are not fired)."""
         return await self._run(operations.pause_schedule(name, False, actor=actor))
 
-    async def schedules(self) -> list[Schedule]:
-        return await self._run(operations.schedules_list())
+    async def schedules(self, queues: Sequence[str] | None = None) -> list[Schedule]:
+        """Every schedule by name, or only those that enqueue into ``queues``."""
+        return await self._run(operations.schedules_list(queues))
 
     async def schedule_firings(self, name: str, *, limit: int = 50) -> list[ScheduleFiring]:
         """The ticks a schedule fired (the last week), newest first, with their tasks."""

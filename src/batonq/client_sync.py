@@ -530,8 +530,9 @@ class Client:
         one of ``patterns`` (anchored POSIX regular expressions)."""
         return self._run(operations.queues(queue, after=after, limit=limit, patterns=patterns))
 
-    def queue_configs(self) -> list[QueueConfig]:
-        return self._run(operations.queue_configs())
+    def queue_configs(self, queues: Sequence[str] | None = None) -> list[QueueConfig]:
+        """Every queue's settings by name, or only those of ``queues``."""
+        return self._run(operations.queue_configs(queues))
 
     def configure_queue(
         self,
@@ -610,8 +611,9 @@ class Client:
         ticks that passed while paused are not fired)."""
         return self._run(operations.pause_schedule(name, False, actor=actor))
 
-    def schedules(self) -> list[Schedule]:
-        return self._run(operations.schedules_list())
+    def schedules(self, queues: Sequence[str] | None = None) -> list[Schedule]:
+        """Every schedule by name, or only those that enqueue into ``queues``."""
+        return self._run(operations.schedules_list(queues))
 
     def schedule_firings(self, name: str, *, limit: int = 50) -> list[ScheduleFiring]:
         """The ticks a schedule fired (the last week), newest first, with their tasks."""

@@ -1,5 +1,5 @@
-"""The typed objects the client returns. Field order follows the engine's
-composite types (a test checks that it does)."""
+"""The typed objects the client returns. Fields are read by name from the
+engine's rows; a field's metadata (``shown``) says how HTTP and MCP show it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from batonq.errors import InvalidArgument, InvalidToken, LeaseLost, TaskFinished
 __all__ = [
     "JSON",
     "MISSING",
+    "SHOWN",
     "ApiKey",
     "AuditEntry",
     "Edge",
@@ -26,9 +27,11 @@ __all__ = [
     "ScheduleFiring",
     "Scorecard",
     "SetAsideWrite",
+    "Shown",
     "Submitted",
     "Task",
     "Throughput",
+    "shown",
     "task_id",
     "task_ref",
 ]
@@ -38,6 +41,8 @@ JSON = Any
 
 TASK_STATES = ("waiting", "held", "pending", "leased", "done", "dead", "cancelled")
 FINISHED_STATES = ("done", "dead", "cancelled")
+SET_ASIDE_KINDS = ("complete", "fail", "heartbeat", "release")
+AUDITED_KINDS = ("queue", "schedule")
 
 
 class _Missing:
@@ -47,6 +52,35 @@ class _Missing:
 
 MISSING: Any = _Missing()
 """Marks an argument not given, where None (JSON null) is a value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """How a model's field is shown over HTTP and MCP (``schemas`` derives
+    the response bodies from it): under ``name`` (the field's own when
+    None), with ``description``; a task id (``ref``) as ``t_5521``;
+    ``choices``: the only values it takes."""
+
+    description: str | None = None
+    name: str | None = None
+    ref: bool = False
+    choices: tuple[str, ...] | None = None
+
+
+def shown(
+    description: str | None = None,
+    *,
+    name: str | None = None,
+    ref: bool = False,
+    choices: tuple[str, ...] | None = None,
+) -> dict[str, Shown]:
+    """A field's metadata saying how it is shown:
+    ``errors: list[...] = field(metadata=shown("every attempt's error"))``."""
+    return {SHOWN: Shown(description, name, ref, choices)}
+
+
+SHOWN = "batonq.shown"
+"""The key of a field's metadata that holds its ``Shown``."""
 
 
 def task_id(value: int | str) -> int:
@@ -151,30 +185,34 @@ class Submitted:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """A task as readers see it, hot or archived. Never holds a lease token."""
+    """A task as readers see it, hot or archived. Never holds a lease token.
 
-    id: int
+    The one definition of a task's fields: the clients read them by name
+    from ``batonq.task_view``, and ``schemas.TaskOut`` (what HTTP and MCP
+    send) is derived from them, in this order."""
+
+    id: int = field(metadata=shown(name="task_id", ref=True))
     queue: str
-    state: str
+    state: str = field(metadata=shown(choices=TASK_STATES))
     priority: int
-    run_at: datetime
-    created_at: datetime
     payload: JSON
     attempts: int
     max_attempts: int
     idempotency_key: str | None
-    parent_id: int | None
-    root_id: int
+    parent_id: int | None = field(metadata=shown(ref=True))
+    root_id: int = field(metadata=shown(ref=True))
     fencing_token: int | None
-    lease_expires_at: datetime | None
+    run_at: datetime
+    created_at: datetime
     claimed_at: datetime | None
+    lease_expires_at: datetime | None
+    finished_at: datetime | None
     worker: str | None
     stage: str | None
     last_error: str | None
-    errors: list[dict[str, Any]]
+    errors: list[dict[str, Any]] = field(metadata=shown("every attempt's error, oldest first"))
     result: JSON
-    finished_at: datetime | None
-    group: str | None
+    group: str | None = field(metadata=shown("the group the task counts against (group_max_leased)"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,13 +222,15 @@ class SetAsideWrite:
     when, the task's ``state`` then, and who held the lease that token names
     (``worker`` and the claiming API key's ``key_id``; None when unknown)."""
 
-    task_id: int
-    kind: str
-    fencing_token: int
+    task_id: int = field(metadata=shown(ref=True))
+    kind: str = field(metadata=shown(choices=SET_ASIDE_KINDS))
+    fencing_token: int = field(metadata=shown("the token the write presented"))
     at: datetime
-    state: str
-    worker: str | None
-    key_id: int | None
+    state: str = field(metadata=shown("the task's state when the write was refused", choices=TASK_STATES))
+    worker: str | None = field(metadata=shown("the worker that held that token's lease; null when unknown"))
+    key_id: int | None = field(
+        metadata=shown("the API key that claimed that lease; null when none or unknown")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +323,7 @@ class ApiKey:
 class NewKey:
     """A key just made: ``key`` is shown this once."""
 
-    key: str = field(repr=False)
+    key: str = field(repr=False, metadata=shown("shown this once: store it now"))
     id: int
     name: str
     ring: int
@@ -366,8 +406,8 @@ class AuditEntry:
 
     id: int
     at: datetime
-    actor: str
-    kind: str
+    actor: str = field(metadata=shown("the API key (key:7) or database role that made the change"))
+    kind: str = field(metadata=shown(choices=AUDITED_KINDS))
     name: str
-    before: dict[str, Any] | None
-    after: dict[str, Any] | None
+    before: dict[str, Any] | None = field(metadata=shown("null: created"))
+    after: dict[str, Any] | None = field(metadata=shown("null: removed"))

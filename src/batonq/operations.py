@@ -6,6 +6,7 @@ The async and the sync client both execute these, so the logic lives once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -60,6 +61,17 @@ def _one(cls: Callable[..., T]) -> Callable[[Rows], T]:
 
 def _all(cls: Callable[..., T]) -> Callable[[Rows], list[T]]:
     return lambda rows: [cls(*row) for row in rows]
+
+
+def _columns(cls: type) -> str:
+    """A dataclass's fields as a select list: its rows are read by name, so
+    the engine's column order is free."""
+    return ", ".join(f'"{f.name}"' for f in dataclasses.fields(cls))
+
+
+_TASK = _columns(Task)
+_QUEUE_STATS = _columns(QueueStats)
+_QUEUE_CONFIG = _columns(QueueConfig)
 
 
 def _submitted(rows: Rows) -> Submitted:
@@ -275,7 +287,7 @@ def release_lease(lease_token: str) -> Call[Submitted]:
 
 
 def task(id: int | str) -> Call[Task]:
-    return Call("SELECT * FROM batonq.get_task(%s)", (task_id(id),), _one(Task))
+    return Call(f"SELECT {_TASK} FROM batonq.get_task(%s)", (task_id(id),), _one(Task))
 
 
 def set_aside_writes(task_ids: Sequence[int | str]) -> Call[list[SetAsideWrite]]:
@@ -290,7 +302,7 @@ def tasks(
     queue: str, *, state: str | None = None, limit: int = 50, before_id: int | str | None = None
 ) -> Call[list[Task]]:
     return Call(
-        "SELECT * FROM batonq.list_tasks(%s, %s, %s, %s)",
+        f"SELECT {_TASK} FROM batonq.list_tasks(%s, %s, %s, %s)",
         (queue, state, limit, None if before_id is None else task_id(before_id)),
         _all(Task),
     )
@@ -304,14 +316,18 @@ def queues(
     patterns: Sequence[str] | None = None,
 ) -> Call[list[QueueStats]]:
     return Call(
-        "SELECT * FROM batonq.queue_stats(%s, %s, %s, %s::text[])",
+        f"SELECT {_QUEUE_STATS} FROM batonq.queue_stats(%s, %s, %s, %s::text[])",
         (queue, after, limit, None if patterns is None else list(patterns)),
         _all(QueueStats),
     )
 
 
-def queue_configs() -> Call[list[QueueConfig]]:
-    return Call("SELECT * FROM batonq.list_queues()", (), _all(QueueConfig))
+def queue_configs(queues: Sequence[str] | None = None) -> Call[list[QueueConfig]]:
+    return Call(
+        f"SELECT {_QUEUE_CONFIG} FROM batonq.list_queues(%s::text[])",
+        (None if queues is None else list(queues),),
+        _all(QueueConfig),
+    )
 
 
 def configure_queue(
@@ -331,7 +347,7 @@ def configure_queue(
     actor: str | None = None,
 ) -> Call[QueueConfig]:
     return Call(
-        "SELECT * FROM batonq.configure_queue(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        f"SELECT {_QUEUE_CONFIG} FROM batonq.configure_queue({', '.join(['%s'] * 13)})",
         (queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s, max_body_bytes,
          paused, max_leased, group_max_leased, rate_limit,
          None if rate_period_s is None else float(rate_period_s), actor),
@@ -341,7 +357,7 @@ def configure_queue(
 
 def _operator(action: str) -> Callable[[int | str], Call[Task]]:
     def call(id: int | str) -> Call[Task]:
-        return Call(f"SELECT * FROM batonq.{action}_task(%s)", (task_id(id),), _one(Task))
+        return Call(f"SELECT {_TASK} FROM batonq.{action}_task(%s)", (task_id(id),), _one(Task))
 
     return call
 
@@ -406,7 +422,7 @@ def edges() -> Call[list[Edge]]:
 
 
 def run_tasks(root_id: int | str) -> Call[list[Task]]:
-    return Call("SELECT * FROM batonq.run_tasks(%s)", (task_id(root_id),), _all(Task))
+    return Call(f"SELECT {_TASK} FROM batonq.run_tasks(%s)", (task_id(root_id),), _all(Task))
 
 
 def run_status(root_id: int | str) -> Call[RunStatus]:
@@ -449,7 +465,7 @@ def queue_page(
     scopes: Sequence[str] = ("*",), *, search: str | None = None, after: str | None = None, limit: int = 50
 ) -> Call[list[QueueStats]]:
     return Call(
-        "SELECT * FROM batonq.queue_page(%s::text[], %s, %s, %s)",
+        f"SELECT {_QUEUE_STATS} FROM batonq.queue_page(%s::text[], %s, %s, %s)",
         (_scopes(scopes), search, after, limit),
         _all(QueueStats),
     )
@@ -477,7 +493,7 @@ def find_tasks(
     before_id: int | str | None = None,
 ) -> Call[list[Task]]:
     return Call(
-        "SELECT * FROM batonq.find_tasks(%s, %s, %s, %s, %s, %s)",
+        f"SELECT {_TASK} FROM batonq.find_tasks(%s, %s, %s, %s, %s, %s)",
         (queue, state, idempotency_key, worker, limit, None if before_id is None else task_id(before_id)),
         _all(Task),
     )
@@ -492,7 +508,7 @@ def dead_tasks(
     before_id: int | str | None = None,
 ) -> Call[list[Task]]:
     return Call(
-        "SELECT * FROM batonq.dead_tasks(%s::text[], %s, %s, %s, %s)",
+        f"SELECT {_TASK} FROM batonq.dead_tasks(%s::text[], %s, %s, %s, %s)",
         (_scopes(scopes), queue, error, limit, None if before_id is None else task_id(before_id)),
         _all(Task),
     )
@@ -532,8 +548,12 @@ def pause_schedule(name: str, paused: bool, *, actor: str | None = None) -> Call
     return Call("SELECT * FROM batonq.pause_schedule(%s, %s, %s)", (name, paused, actor), _one(Schedule))
 
 
-def schedules_list() -> Call[list[Schedule]]:
-    return Call("SELECT * FROM batonq.list_schedules()", (), _all(Schedule))
+def schedules_list(queues: Sequence[str] | None = None) -> Call[list[Schedule]]:
+    return Call(
+        "SELECT * FROM batonq.list_schedules(%s::text[])",
+        (None if queues is None else list(queues),),
+        _all(Schedule),
+    )
 
 
 def schedule_firings(name: str, limit: int = 50) -> Call[list[ScheduleFiring]]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import typing
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, ClassVar, Literal, Self, cast
 
 from pydantic import (
     AliasChoices,
@@ -98,6 +101,53 @@ QueueName = Field(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])
 
 def tid(value: int | None) -> str | None:
     return None if value is None else task_ref(value)
+
+
+def _sent_type(annotation: Any, how: models.Shown) -> Any:
+    """The type a field is sent as: a task id as text, choices as a Literal."""
+    if how.ref:
+        return str | None if type(None) in typing.get_args(annotation) else str
+    if how.choices is not None:
+        return Literal[how.choices]
+    return annotation
+
+
+class Derived(BaseModel):
+    """A response body derived from one of ``models``' dataclasses:
+    ``class TaskOut(Derived, of=models.Task)`` has the dataclass's fields, in
+    its order, each as its metadata says (``models.shown``); ``TaskOut.of(task)``
+    converts one. A field added to the dataclass is sent with no other change."""
+
+    # (the dataclass's field, its name here, is a task id) for each field.
+    _shown: ClassVar[tuple[tuple[str, str, bool], ...]] = ()
+
+    def __init_subclass__(cls, of: type | None = None, **kwargs: Any) -> None:
+        # Before pydantic collects the class's fields: they are added here as
+        # if written in the class body.
+        super().__init_subclass__(**kwargs)
+        if of is None:
+            return
+        hints = typing.get_type_hints(of)
+        annotations = inspect.get_annotations(cls)
+        shown = []
+        for field in dataclasses.fields(of):
+            how = field.metadata.get(models.SHOWN, models.Shown())
+            name = how.name or field.name
+            annotations[name] = _sent_type(hints[field.name], how)
+            if how.description is not None:
+                setattr(cls, name, Field(description=how.description))
+            shown.append((field.name, name, how.ref))
+        cls.__annotations__ = annotations
+        cls._shown = tuple(shown)
+
+    @classmethod
+    def of(cls, source: Any) -> Self:
+        """``source`` (an instance of the dataclass) as this body."""
+        values = {}
+        for field, name, ref in cls._shown:
+            value = getattr(source, field)
+            values[name] = tid(value) if ref else value
+        return cls.model_validate(values)
 
 
 class Strict(BaseModel):
@@ -376,41 +426,8 @@ class SubmitManyOut(BaseModel):
     results: list[SubmitResultOut] = Field(description="in the order of the request")
 
 
-class TaskOut(BaseModel):
-    task_id: str
-    queue: str
-    state: State
-    priority: int
-    payload: Any
-    attempts: int
-    max_attempts: int
-    idempotency_key: str | None
-    parent_id: str | None
-    root_id: str
-    fencing_token: int | None
-    run_at: datetime
-    created_at: datetime
-    claimed_at: datetime | None
-    lease_expires_at: datetime | None
-    finished_at: datetime | None
-    worker: str | None
-    stage: str | None
-    last_error: str | None
-    errors: list[dict[str, Any]] = Field(description="every attempt's error, oldest first")
-    result: Any
-    group: str | None = Field(description="the group the task counts against (group_max_leased)")
-
-    @classmethod
-    def of(cls, t: models.Task) -> TaskOut:
-        return cls(
-            task_id=task_ref(t.id), queue=t.queue, state=cast(State, t.state), priority=t.priority,
-            payload=t.payload,
-            attempts=t.attempts, max_attempts=t.max_attempts, idempotency_key=t.idempotency_key,
-            parent_id=tid(t.parent_id), root_id=task_ref(t.root_id), fencing_token=t.fencing_token,
-            run_at=t.run_at, created_at=t.created_at, claimed_at=t.claimed_at,
-            lease_expires_at=t.lease_expires_at, finished_at=t.finished_at, worker=t.worker,
-            stage=t.stage, last_error=t.last_error, errors=t.errors, result=t.result, group=t.group,
-        )  # fmt: skip
+class TaskOut(Derived, of=models.Task):
+    pass
 
 
 class TaskListOut(BaseModel):
@@ -443,28 +460,9 @@ class RunOut(BaseModel):
         )  # fmt: skip
 
 
-SetAsideKind = Literal["complete", "fail", "heartbeat", "release"]
-
-
-class SetAsideOut(BaseModel):
+class SetAsideOut(Derived, of=models.SetAsideWrite):
     """A write refused and set aside (a late or forged complete, fail,
     heartbeat or release), with who held the lease its token names."""
-
-    task_id: str
-    kind: SetAsideKind
-    fencing_token: int = Field(description="the token the write presented")
-    at: datetime
-    state: State = Field(description="the task's state when the write was refused")
-    worker: str | None = Field(description="the worker that held that token's lease; null when unknown")
-    key_id: int | None = Field(description="the API key that claimed that lease; null when none or unknown")
-
-    @classmethod
-    def of(cls, w: models.SetAsideWrite) -> SetAsideOut:
-        return cls(
-            task_id=task_ref(w.task_id), kind=cast(SetAsideKind, w.kind),
-            fencing_token=w.fencing_token, at=w.at, state=cast(State, w.state), worker=w.worker,
-            key_id=w.key_id,
-        )  # fmt: skip
 
 
 class TaskDetailOut(TaskOut):
@@ -473,18 +471,8 @@ class TaskDetailOut(TaskOut):
     set_aside: list[SetAsideOut] = Field(description="the task's refused writes, oldest first")
 
 
-class QueueStatsOut(BaseModel):
-    queue: str
-    paused: bool
-    waiting: int
-    held: int
-    pending: int
-    scheduled: int
-    leased: int
-    done: int
-    dead: int
-    cancelled: int
-    oldest_pending_age_s: float | None
+class QueueStatsOut(Derived, of=models.QueueStats):
+    pass
 
 
 class QueuesOut(BaseModel):
@@ -502,16 +490,8 @@ class QueueSettingsIn(Strict):
     paused: bool | None = None
 
 
-class QueueSettingsOut(BaseModel):
-    name: str
-    lease_s: int
-    max_attempts: int
-    backoff_base_s: float
-    backoff_max_s: float
-    retention_s: int
-    max_body_bytes: int
-    paused: bool
-    created_at: datetime
+class QueueSettingsOut(Derived, of=models.QueueConfig):
+    pass
 
 
 class EdgeIn(Strict):
@@ -528,18 +508,8 @@ class EdgeIn(Strict):
     delay_s: DelayS = Field(0, validation_alias=AliasChoices("delay_s", "delay_seconds"))
 
 
-class EdgeOut(BaseModel):
-    from_queue: str
-    to_queue: str
-    map: str | None
-    fan_out: str | None
-    when_pointer: str | None
-    when_equals: Any
-    when_present: bool | None
-    is_join: bool
-    partial: bool
-    priority: int | None
-    delay_s: float
+class EdgeOut(Derived, of=models.Edge):
+    pass
 
 
 class GraphOut(BaseModel):
@@ -552,22 +522,12 @@ class KeyIn(Strict):
     name: str = Field("", max_length=200)
 
 
-class KeyOut(BaseModel):
-    id: int
-    name: str
-    ring: int
-    queues: list[str]
-    created_at: datetime
-    last_used_at: datetime | None
-    revoked_at: datetime | None
+class KeyOut(Derived, of=models.ApiKey):
+    pass
 
 
-class NewKeyOut(BaseModel):
-    key: str = Field(description="shown this once: store it now")
-    id: int
-    name: str
-    ring: int
-    queues: list[str]
+class NewKeyOut(Derived, of=models.NewKey):
+    pass
 
 
 class KeysOut(BaseModel):
@@ -624,14 +584,8 @@ class SchedulesOut(BaseModel):
     schedules: list[ScheduleOut]
 
 
-class AuditEntryOut(BaseModel):
-    id: int
-    at: datetime
-    actor: str = Field(description="the API key (key:7) or database role that made the change")
-    kind: Literal["queue", "schedule"]
-    name: str
-    before: dict[str, Any] | None = Field(description="null: created")
-    after: dict[str, Any] | None = Field(description="null: removed")
+class AuditEntryOut(Derived, of=models.AuditEntry):
+    pass
 
 
 class AuditOut(BaseModel):

@@ -37,7 +37,7 @@ SELECT format('%%I.%%I', s.schemaname, s.relname)
 class Sweeper:
     """Runs ``batonq.sweep()`` and fires the schedules' due ticks about every
     ``interval_s`` seconds and ``batonq.maintain()`` every
-    ``maintain_every_s``, while leader; and
+    ``maintain_every_s``, while leader; and, every ``maintain_every_s``,
     VACUUMs each partition of the hot table that holds ``vacuum_dead`` dead
     row versions or more (0: never), when its role owns the tables and no
     other such sweeper does it (a lock of its own: the leader may be a
@@ -114,7 +114,7 @@ class Sweeper:
                 self._stop.wait(self.interval_s)
 
     def _lead(self, conn: psycopg.Connection) -> None:
-        next_maintain = 0.0
+        next_maintain = next_vacuum = 0.0
         row = conn.execute(_MAY_VACUUM).fetchone() if self.vacuum_dead > 0 else None
         may_vacuum = bool(row and row[0])
         while not self._stop.is_set():
@@ -137,8 +137,11 @@ class Sweeper:
             if may_vacuum and not self.vacuums_here:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_VACUUM_KEY,)).fetchone()
                 self.vacuums_here = bool(row and row[0])
-            if self.vacuums_here:
+            # Which partitions are due is read from pg_stat_user_tables, whose
+            # reading costs with the number of tables: once per maintenance.
+            if self.vacuums_here and time.monotonic() >= next_vacuum:
                 self._vacuum(conn)
+                next_vacuum = time.monotonic() + self.maintain_every_s
             self._stop.wait(self.interval_s)
 
     def _fire_schedules(self, conn: psycopg.Connection) -> None:

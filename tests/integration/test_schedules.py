@@ -57,6 +57,18 @@ def test_add_list_pause_resume_remove_and_audit(admin: batonq.Client) -> None:
     assert audit[0].actor == "postgres"  # the database role, when no key is named
 
 
+def test_a_page_of_queues_reads_its_own_settings_and_schedules(admin: batonq.Client) -> None:
+    for queue in ("page:a", "page:b", "page:c"):
+        admin.configure_queue(queue, lease_s=60)
+        admin.add_schedule(f"for-{queue}", "0 * * * *", queue, {})
+    page = ["page:c", "page:a", "page:none"]
+    assert [c.name for c in admin.queue_configs(page)] == ["page:a", "page:c"]
+    assert [s.name for s in admin.schedules(page)] == ["for-page:a", "for-page:c"]
+    assert admin.queue_configs([]) == admin.schedules([]) == []
+    assert {c.name for c in admin.queue_configs()} >= {"page:a", "page:b", "page:c"}
+    assert len(admin.schedules()) == 3
+
+
 def test_queue_settings_changes_are_audited_with_who(admin: batonq.Client) -> None:
     admin.configure_queue("shop", lease_s=60)
     admin.pause("shop", actor="key:3")

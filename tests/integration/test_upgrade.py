@@ -46,9 +46,9 @@ def _in_one_transaction(*scripts: str) -> str:
 
 def _defined() -> collections.Counter[str]:
     """Functions by name, as many as the shipped SQL files make (one per
-    CREATE): the engine's, which every migrate makes again after the
-    migrations (a migration may drop one of them to change its signature or
-    a row type it depends on), and the migrations' own that none drops."""
+    CREATE): the migrations' less those they drop, then the engine's (applied
+    after the migrations, so a function a migration drops for a new
+    signature is made again)."""
     made = collections.Counter(name for m in migrations() for name in _CREATE.findall(m.sql))
     made.subtract(name for m in migrations() for name in _DROP.findall(m.sql))
     return +made + collections.Counter(name for e in engine() for name in _CREATE.findall(e.sql))

@@ -33,7 +33,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from batonq import errors
 from batonq.mcp.caller import Caller, find_caller
-from batonq.models import Task
+from batonq.models import Task, task_ref
 from batonq.rings import OPERATOR, RINGS
 from batonq.schemas import TaskOut
 
@@ -74,7 +74,7 @@ def handle(task: Task, answer: Callable[[TaskOut], CallToolResult], result_type:
     updated = max(t for t in (task.created_at, task.claimed_at, task.finished_at) if t is not None)
     shown: dict[str, Any] = {
         "resultType": result_type,
-        "taskId": out.task_id,
+        "taskId": task_ref(task.id),
         "createdAt": task.created_at.isoformat(),
         "lastUpdatedAt": updated.isoformat(),
         # Kept as long as the queue's retention keeps finished tasks: no fixed ttl.
@@ -126,7 +126,7 @@ class Tasks(Extension):
         if not speaks_tasks(ctx):
             return result
         # The tool's answer is the task as the enqueue committed it.
-        task_id = TaskOut.model_validate(result.structured_content).task_id
+        task_id = str(TaskOut.model_validate(result.structured_content).model_dump()["task_id"])
         return handle(await _visible(ctx, task_id), self.answer, "task")
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> HandlerResult:

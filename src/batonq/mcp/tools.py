@@ -423,7 +423,7 @@ async def batonq_tasks(
         set_aside = await caller.client.set_aside_writes([t.id for t in found])
     return TasksOut(
         queue=queue,
-        counts=QueueStatsOut.model_validate(stats[0], from_attributes=True) if stats else None,
+        counts=QueueStatsOut.of(stats[0]) if stats else None,
         tasks=[TaskOut.of(t) for t in found],
         set_aside=[SetAsideOut.of(w) for w in set_aside],
     )
@@ -439,13 +439,13 @@ async def batonq_queues(
     caller = caller_of(ctx)
     with _as_tool_errors():
         shown, next_cursor = await queue_page(caller.client, caller.access, cursor, limit)
-        on_page = {q.queue for q in shown}
-        settings = [c for c in await caller.client.queue_configs() if c.name in on_page]
-        schedules = [f for f in await caller.client.schedules() if f.queue in on_page]
+        on_page = [q.queue for q in shown]
+        settings = await caller.client.queue_configs(on_page)
+        schedules = await caller.client.schedules(on_page)
     return QueuesOut(
-        queues=[QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
+        queues=[QueueStatsOut.of(q) for q in shown],
         next_cursor=next_cursor,
-        settings=[QueueSettingsOut.model_validate(c, from_attributes=True) for c in settings],
+        settings=[QueueSettingsOut.of(c) for c in settings],
         schedules=[ScheduleOut.of(f) for f in schedules],
     )
 

@@ -60,7 +60,7 @@ async def configure(
     """Fields left out keep their value. `paused: true` stops claims (enqueue still works)."""
     access.check_queue(queue)
     settings = await client_of(request).configure_queue(queue, **body.model_dump(), actor=actor(access))
-    return s.QueueSettingsOut.model_validate(settings, from_attributes=True)
+    return s.QueueSettingsOut.of(settings)
 
 
 @router.post("/graph/edges", response_model=s.EdgeOut, summary="Add (or replace) an edge of the queue graph")
@@ -72,7 +72,7 @@ async def add_edge(request: Request, body: s.EdgeIn, access: Admin) -> s.EdgeOut
     if "equals" in body.model_fields_set:
         fields["equals"] = body.equals
     edge = await client_of(request).add_edge(**fields)
-    return s.EdgeOut.model_validate(edge, from_attributes=True)
+    return s.EdgeOut.of(edge)
 
 
 @router.delete("/graph/edges/{from_queue}/{to_queue}", status_code=204, summary="Remove an edge")
@@ -86,17 +86,17 @@ async def remove_edge(request: Request, from_queue: QueuePath, to_queue: QueuePa
 @router.get("/keys", response_model=s.KeysOut, summary="API keys (never their secrets)")
 async def keys(request: Request, access: Admin) -> s.KeysOut:
     found = await client_of(request).keys()
-    return s.KeysOut(keys=[s.KeyOut.model_validate(k, from_attributes=True) for k in found])
+    return s.KeysOut(keys=[s.KeyOut.of(k) for k in found])
 
 
 @router.post("/keys", response_model=s.NewKeyOut, status_code=201, summary="Create an API key")
 async def create_key(request: Request, body: s.KeyIn, access: Admin) -> s.NewKeyOut:
     """The reply holds the key: it is shown this once."""
     made = await client_of(request).create_key(body.ring, body.queues, body.name)
-    return s.NewKeyOut.model_validate(made, from_attributes=True)
+    return s.NewKeyOut.of(made)
 
 
 @router.delete("/keys/{key_id}", response_model=s.KeyOut, summary="Revoke an API key")
 async def revoke_key(request: Request, key_id: KeyId, access: Admin) -> s.KeyOut:
     revoked = await client_of(request).revoke_key(key_id)
-    return s.KeyOut.model_validate(revoked, from_attributes=True)
+    return s.KeyOut.of(revoked)

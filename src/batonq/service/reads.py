@@ -41,7 +41,7 @@ async def queues(
     are counted."""
     shown, next_cursor = await queue_page(reader_of(request), access, cursor, limit)
     return s.QueuesOut(
-        queues=[s.QueueStatsOut.model_validate(q, from_attributes=True) for q in shown],
+        queues=[s.QueueStatsOut.of(q) for q in shown],
         next_cursor=next_cursor,
     )
 
@@ -55,10 +55,10 @@ async def queue_settings(
     """paused, lease, attempts, backoff, retention and body limit; change
     them with `PATCH /v1/queues/{queue}` (admin)."""
     access.check_queue(queue)
-    for config in await reader_of(request).queue_configs():
-        if config.name == queue:
-            return s.QueueSettingsOut.model_validate(config, from_attributes=True)
-    raise QueueNotFound(f"queue {queue} does not exist", queue=queue)
+    found = await reader_of(request).queue_configs([queue])
+    if not found:
+        raise QueueNotFound(f"queue {queue} does not exist", queue=queue)
+    return s.QueueSettingsOut.of(found[0])
 
 
 @router.get("/tasks", response_model=s.TaskListOut, summary="The newest tasks of a queue")
@@ -128,7 +128,7 @@ async def graph(request: Request, access: Observer) -> s.GraphOut:
     edges = await client_of(request).edges()
     return s.GraphOut(
         edges=[
-            s.EdgeOut.model_validate(e, from_attributes=True)
+            s.EdgeOut.of(e)
             for e in edges
             if access.covers(e.from_queue) or access.covers(e.to_queue)
         ]

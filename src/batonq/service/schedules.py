@@ -97,4 +97,4 @@ async def audit(
     `before_id` pages on; `before` is null for a creation, `after` for a removal."""
     found = await client_of(request).settings_audit(kind=kind, name=name, limit=limit, before_id=before_id)
     shown = [e for e in found if _covered(access, e)]
-    return s.AuditOut(entries=[s.AuditEntryOut.model_validate(e, from_attributes=True) for e in shown])
+    return s.AuditOut(entries=[s.AuditEntryOut.of(e) for e in shown])

@@ -207,11 +207,18 @@ BEGIN ATOMIC
      ORDER BY q.name;
 END;
 
-CREATE OR REPLACE FUNCTION batonq.list_queues() RETURNS SETOF batonq.queues
+-- Every queue's settings, or only those of the queues named (a page of
+-- queues reads its own by the primary key, whatever the number of queues).
+-- Two branches, not "p_queues IS NULL OR name = ANY (p_queues)": a generic
+-- plan of that reads every row; here the unused branch is a one-time filter.
+CREATE OR REPLACE FUNCTION batonq.list_queues(p_queues text[] DEFAULT NULL) RETURNS SETOF batonq.queues
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
-    SELECT * FROM batonq.queues ORDER BY name;
+    SELECT * FROM batonq.queues WHERE p_queues IS NULL
+    UNION ALL
+    SELECT * FROM batonq.queues WHERE name = ANY (p_queues)
+    ORDER BY name;
 END;
 
 CREATE OR REPLACE FUNCTION batonq._wrong_state(p_task_id bigint, p_state text, p_action text, p_allowed text)
@@ -321,5 +328,5 @@ GRANT EXECUTE ON FUNCTION
     batonq.set_aside_writes(bigint[]),
     batonq.list_tasks(text, text, integer, bigint),
     batonq.queue_stats(text, text, integer, text[]),
-    batonq.list_queues()
+    batonq.list_queues(text[])
 TO batonq_reader;

@@ -92,10 +92,15 @@ BEGIN
     RETURN v_schedule;
 END $$;
 
-CREATE OR REPLACE FUNCTION batonq.list_schedules() RETURNS SETOF batonq.schedules
+-- Every schedule, or only those of the queues named (a page of queues reads
+-- its own by the queue's index); two branches as in list_queues.
+CREATE OR REPLACE FUNCTION batonq.list_schedules(p_queues text[] DEFAULT NULL) RETURNS SETOF batonq.schedules
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT * FROM batonq.schedules ORDER BY name;
+    SELECT * FROM batonq.schedules WHERE p_queues IS NULL
+    UNION ALL
+    SELECT * FROM batonq.schedules WHERE queue = ANY (p_queues)
+    ORDER BY name;
 END;
 
 -- The schedules whose next tick has come (or is not computed yet), with
@@ -173,7 +178,7 @@ BEGIN ATOMIC
 END;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION batonq.list_schedules() TO batonq_reader;
+GRANT EXECUTE ON FUNCTION batonq.list_schedules(text[]) TO batonq_reader;
 GRANT EXECUTE ON FUNCTION
     batonq.due_schedules(integer),
     batonq.fire_schedule(text, timestamptz, timestamptz, timestamptz, timestamptz[], timestamptz)
