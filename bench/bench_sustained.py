@@ -453,14 +453,15 @@ STATEMENTS = {
 
 def profile(conn: psycopg.Connection[Any], system: str) -> list[dict[str, Any]]:
     """The database's time since the last reset, by statement (the
-    benchmark's own probes left out): calls, mean ms, share of the total,
+    benchmark's own probes, which read pg_stat_statements and n_tup_hot_upd,
+    left out): calls, mean ms, share of the total,
     rows per call. batonq's are grouped by what they do; the others' are
     their busiest statements."""
     rows = conn.execute(
         "SELECT regexp_replace(query, '\\s+', ' ', 'g'), calls, total_exec_time + total_plan_time, rows"
         "  FROM pg_stat_statements"
         " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        "   AND query !~ 'pg_stat_(statements|user_tables)' AND calls > 0"
+        "   AND query !~ 'pg_stat_statements|n_tup_hot_upd' AND calls > 0"
     ).fetchall()
     total = sum(r[2] for r in rows) or 1.0
     groups: dict[str, list[float]] = {}
