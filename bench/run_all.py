@@ -13,7 +13,7 @@ Runs, each on scratch databases of its own on the same server:
 6. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
 7. ``bench_http.py``     claim + submit over HTTP vs the Python client
 8. ``bench_idle.py``     CPU of an idle ``batonq worker``
-9. ``bench_sustained.py`` minutes of mixed load at W = 4/16/64: batonq vs a raw loop,
+9. ``bench_sustained.py`` 5 minutes of mixed load at W = 64: batonq vs a raw loop,
                          a PgQ-style queue, PgQueuer, Procrastinate and pgmq, on a
                          private cluster of its own with autovacuum on
 10. ``plot.py``          PNG plots of the newest results
@@ -146,16 +146,8 @@ def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: P
         return [[*py, str(BENCH / "bench_idle.py"), "--dsn", dsn, "--seconds", seconds, "--out", str(out)]]
     if step == "sustained":  # its own cluster: no --dsn
         only = [] if peers else ["--only", "batonq,raw,pgq"]
-        return [
-            [
-                *py,
-                str(BENCH / "bench_sustained.py"),
-                "--out",
-                str(out),
-                *only,
-                *(["--quick"] if quick else []),
-            ]
-        ]
+        size = ["--quick"] if quick else ["--workers", "64"]  # 5 minutes per system
+        return [[*py, str(BENCH / "bench_sustained.py"), "--out", str(out), *only, *size]]
     if step == "plot":
         return [[*py, str(BENCH / "plot.py"), "--results", str(out), "--out", str(img)]]
     raise ValueError(f"unknown step {step!r}")
