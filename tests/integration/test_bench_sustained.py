@@ -38,6 +38,8 @@ def test_every_system_runs_under_sustained_load(tmp_path: Path) -> None:
         assert profile[statement]["calls"] > 0, statement
         assert profile[statement]["rows_per_call"] > 0, statement
     assert abs(sum(p["share"] for p in profile.values()) - 1) < 0.01
+    assert by_system["batonq"]["autovacuum_cpu_share"] is not None
+    assert "sweeper_cpu_share" in by_system["batonq"]
     # The PgQ-style queue leaves no dead row: its tables are only appended to and truncated.
     assert by_system["pgq"]["dead_per_task"] == 0
     # batonq against every other system, what compare.py follows from run to run.
