@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from bench_sustained import cluster_cpu_s, private_cluster
+from bench_sustained import cluster_cpu_s, private_cluster, truncate_if_drained
 from psycopg.types.json import Jsonb
 
 from batonq.benchmark.environment import git_commit, machine_info, with_db
@@ -538,31 +538,6 @@ def maintain(dsn: str, design: str, counts: dict[str, int], stop: threading.Even
                     counts["truncates"] += 1
                     break
                 time.sleep(0.05)
-
-
-def truncate_if_drained(conn: psycopg.Connection[Any], table: str, *before: str) -> bool:
-    """Empty a generation's table once it holds no live row: looked at once
-    without a lock, then again under the lock, so no transaction that could
-    still add or change a row in it is running when it is emptied (the
-    statements ``before`` run first under the lock); a short lock_timeout,
-    so the claims queued behind the lock wait at most that long."""
-    live_sql = f"SELECT EXISTS (SELECT FROM {table} WHERE state IN ('pending', 'leased'))"
-    live = conn.execute(live_sql).fetchone()
-    if live is None or live[0]:
-        return False  # not yet: no lock taken, no claim held up
-    try:
-        with conn.transaction():
-            conn.execute("SET LOCAL lock_timeout = '100ms'")
-            conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
-            live = conn.execute(live_sql).fetchone()
-            if live is None or live[0]:
-                return False
-            for statement in before:
-                conn.execute(statement)
-            conn.execute(f"TRUNCATE {table}")
-    except psycopg.errors.LockNotAvailable:
-        return False
-    return True
 
 
 def swap_named(conn: psycopg.Connection[Any]) -> bool:

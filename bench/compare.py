@@ -11,6 +11,9 @@ The ratios, each oriented so that higher is better for batonq:
 - ``latency``: the raw loop's p50 and p99 over batonq's;
 - ``graph``: the graph pipeline over the same tasks without edges;
 - ``http``: each HTTP scenario over the Python client at its batch and threads;
+- ``sustained``: per W, batonq's rate over the raw loop's and each peer's
+  (``W64 batonq / pgq``, ...); the files written before the peers joined
+  give ``W64 batonq / raw`` only;
 - any other file with a top-level ``ratios`` object (numbers, or objects of
   numbers), higher being better.
 
@@ -81,6 +84,7 @@ _BY_KIND: dict[str, Callable[[Any], dict[str, float]]] = {
         f"graph / baseline {k}": report["summary"]["ratio_graph_to_baseline"][k] for k in ("steady", "total")
     },
     "http": _http,
+    "sustained": lambda report: {f"{w} batonq / raw": v for w, v in report.get("batonq_vs_raw", {}).items()},
 }
 
 

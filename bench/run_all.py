@@ -13,7 +13,8 @@ Runs, each on scratch databases of its own on the same server:
 6. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
 7. ``bench_http.py``     claim + submit over HTTP vs the Python client
 8. ``bench_idle.py``     CPU of an idle ``batonq worker``
-9. ``bench_sustained.py`` minutes of mixed load at W = 4/16/64 vs a raw loop, on a
+9. ``bench_sustained.py`` 5 minutes of mixed load at W = 64: batonq vs a raw loop,
+                         a PgQ-style queue, PgQueuer, Procrastinate and pgmq, on a
                          private cluster of its own with autovacuum on
 10. ``plot.py``          PNG plots of the newest results
 
@@ -22,9 +23,10 @@ newest earlier result of the same kind in the results directory, and flags
 every ratio that fell by more than 10% (exit code 3 when one did).
 
 The peers run from virtualenvs of their own (``/tmp/peer-pgqueuer``,
-``/tmp/peer-procrastinate``), made here with pinned versions when missing;
-``--no-peers`` leaves them out. A step that fails is reported and the others
-still run; the exit code is 1 if any failed, else 3 if a ratio fell.
+``/tmp/peer-procrastinate``, ``/tmp/peer-pgmq``; ``peer_venvs.py``), made
+here with pinned versions when missing; ``--no-peers`` leaves them out.
+A step that fails is reported and the others still run; the exit code is
+1 if any failed, else 3 if a ratio fell.
 
 Usage::
 
@@ -44,13 +46,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from compare import compare_runs
+from peer_venvs import ensure_peers
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-PEERS = {
-    Path("/tmp/peer-pgqueuer"): ["pgqueuer==1.6.0", "asyncpg"],
-    Path("/tmp/peer-procrastinate"): ["procrastinate==3.10.0", "psycopg[binary]"],
-}
 STEPS = ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "sustained", "plot")
 
 
@@ -146,20 +145,12 @@ def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: P
         seconds = "3" if quick else "60"
         return [[*py, str(BENCH / "bench_idle.py"), "--dsn", dsn, "--seconds", seconds, "--out", str(out)]]
     if step == "sustained":  # its own cluster: no --dsn
-        return [[*py, str(BENCH / "bench_sustained.py"), "--out", str(out), *(["--quick"] if quick else [])]]
+        only = [] if peers else ["--only", "batonq,raw,pgq"]
+        size = ["--quick"] if quick else ["--workers", "64"]  # 5 minutes per system
+        return [[*py, str(BENCH / "bench_sustained.py"), "--out", str(out), *only, *size]]
     if step == "plot":
         return [[*py, str(BENCH / "plot.py"), "--results", str(out), "--out", str(img)]]
     raise ValueError(f"unknown step {step!r}")
-
-
-def ensure_peers() -> None:
-    """Make the peers' virtualenvs that are missing, with pinned versions."""
-    for venv, packages in PEERS.items():
-        if (venv / "bin" / "python").exists():
-            continue
-        print(f"making {venv} ({', '.join(packages)})", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", *packages], check=True)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -170,7 +161,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--dsn", default=DEFAULT_DSN, help="a server, by one of its databases (default %(default)s)"
     )
     parser.add_argument("--quick", action="store_true", help="every script's smoke mode (about a minute)")
-    parser.add_argument("--no-peers", action="store_true", help="leave PgQueuer and Procrastinate out")
+    parser.add_argument("--no-peers", action="store_true", help="leave PgQueuer, Procrastinate and pgmq out")
     parser.add_argument("--no-compare", action="store_true", help="do not compare with the previous results")
     parser.add_argument(
         "--only", default=",".join(STEPS), help="comma-separated steps (default: %(default)s)"
@@ -194,9 +185,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    peers = not args.no_peers and bool({"workers", "userpath"} & set(args.steps))
-    if peers:
-        ensure_peers()
+    peers = not args.no_peers and bool({"workers", "userpath", "sustained"} & set(args.steps))
+    if peers and (failed_peers := ensure_peers()):
+        for name, why in failed_peers.items():
+            print(f"peer {name} left out: {why}", file=sys.stderr)
     failed: list[str] = []
     started = time.monotonic()
     started_at = time.time()

@@ -74,3 +74,23 @@ def test_two_files_and_nothing_fell(tmp_path: Path) -> None:
         "core: core-a.json -> core-b.json",
         f"  {'enqueue_b1_c1':<58}    0.70 ->    0.66 (-6%)",
     ]
+
+
+def test_sustained_ratios_per_w_against_every_system(tmp_path: Path) -> None:
+    """The sustained run's ratios, batonq over the raw loop and each peer at
+    each W; a file written before the peers joined still compares on raw."""
+    _write(tmp_path, "sustained-1.json", {"batonq_vs_raw": {"W64": 0.80}}, 1.0)
+    _write(tmp_path, "sustained-2.json", {"ratios": {"W64 batonq": {"raw": 0.70, "pgq": 0.40}}}, 2.0)
+    _write(tmp_path, "sustained-3.json", {"ratios": {"W64 batonq": {"raw": 0.69, "pgq": 0.30}}}, 3.0)
+
+    done = _compare(str(tmp_path / "sustained-1.json"), str(tmp_path / "sustained-2.json"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0.80 ->    0.70 (-13%)  FELL 13%" in done.stdout.splitlines()[1]
+
+    done = _compare("--results", str(tmp_path))
+    lines = done.stdout.splitlines()
+    assert lines[1:3] == [
+        f"  {'W64 batonq / pgq':<58}    0.40 ->    0.30 (-25%)  FELL 25%",
+        f"  {'W64 batonq / raw':<58}    0.70 ->    0.69 (-1%)",
+    ], lines
+    assert lines[-1] == "fell by more than 10%: sustained W64 batonq / pgq"
