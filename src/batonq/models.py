@@ -1,5 +1,7 @@
-"""The typed objects the client returns. Fields are read by name from the
-engine's rows; a field's metadata (``shown``) says how HTTP and MCP show it."""
+"""The typed objects the client returns. A task, a queue's counts and its
+settings are read by column name; the others by position, in the order of
+the engine's composite types (a test checks it). A field's metadata
+(``shown``) says how HTTP and MCP send it."""
 
 from __future__ import annotations
 
@@ -54,6 +56,10 @@ MISSING: Any = _Missing()
 """Marks an argument not given, where None (JSON null) is a value."""
 
 
+SHOWN = "batonq.shown"
+"""The key of a field's metadata that holds its ``Shown``."""
+
+
 @dataclass(frozen=True, slots=True)
 class Shown:
     """How a model's field is shown over HTTP and MCP (``schemas`` derives
@@ -77,10 +83,6 @@ def shown(
     """A field's metadata saying how it is shown:
     ``errors: list[...] = field(metadata=shown("every attempt's error"))``."""
     return {SHOWN: Shown(description, name, ref, choices)}
-
-
-SHOWN = "batonq.shown"
-"""The key of a field's metadata that holds its ``Shown``."""
 
 
 def task_id(value: int | str) -> int:

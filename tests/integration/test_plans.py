@@ -256,3 +256,28 @@ def test_claims_with_limits_stay_in_one_partition_by_index(
         check_plans(claim_plans, crowded, max_rows=12 * max_tasks + 20)
         assert pruned_at_run_time(claim_plans)
         check_plans(complete_plans, crowded, max_rows=5)
+
+
+def test_a_page_of_queues_reads_its_settings_and_schedules_by_index(
+    admin_dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """MCP's batonq_queues reads the settings and schedules of its page's
+    queues alone: their cost does not grow with the number of queues."""
+    sql.execute("INSERT INTO batonq.queues (name) SELECT 'many:' || n FROM generate_series(1, 5000) n")
+    sql.execute(
+        """INSERT INTO batonq.schedules (name, cron, tz, queue, payload, missed)
+           SELECT 'every-' || n, '0 * * * *', 'UTC', 'many:' || n, '{}', 'skip'
+             FROM generate_series(1, 5000) n"""
+    )
+    sql.execute("ANALYZE batonq.queues, batonq.schedules")
+    page = ["many:4000", "many:7"]
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        explained = Explained(conn)
+        for function, expected in (("list_queues", page), ("list_schedules", ["every-4000", "every-7"])):
+            explained.explain(True)
+            found = [name for (name,) in conn.execute(f"SELECT name FROM batonq.{function}(%s)", (page,))]
+            ran = [n for _, plan in explained.captured for n in nodes(plan) if n.get("Actual Loops")]
+            explained.explain(False)
+            assert found == expected
+            assert ran, f"no plan of {function} captured"
+            assert not [n for n in ran if n["Node Type"] == "Seq Scan"], function
