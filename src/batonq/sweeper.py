@@ -26,10 +26,16 @@ _MAY_VACUUM = "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = '
 
 # The hot partitions with at least %s dead row versions that this role may
 # vacuum (it owns them, or is a superuser): VACUUM cannot run in a function.
+# Read every tick, so it asks the statistics for the hot table's partitions
+# alone (pg_stat_user_tables builds a row for every table of the database,
+# the archive's partitions included).
 _VACUUM_DUE = """
-SELECT format('%%I.%%I', s.schemaname, s.relname)
-  FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
- WHERE s.schemaname = 'batonq' AND s.relname ~ '^tasks_p[0-9]+$' AND s.n_dead_tup >= %s
+SELECT format('%%I.%%I', n.nspname, c.relname)
+  FROM pg_inherits i
+  JOIN pg_class c ON c.oid = i.inhrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE i.inhparent = 'batonq.tasks'::regclass
+   AND pg_stat_get_dead_tuples(c.oid) >= %s
    AND pg_has_role(c.relowner, 'USAGE')
 """
 
@@ -37,7 +43,7 @@ SELECT format('%%I.%%I', s.schemaname, s.relname)
 class Sweeper:
     """Runs ``batonq.sweep()`` and fires the schedules' due ticks about every
     ``interval_s`` seconds and ``batonq.maintain()`` every
-    ``maintain_every_s``, while leader; and, every ``maintain_every_s``,
+    ``maintain_every_s``, while leader; and, every ``interval_s``,
     VACUUMs each partition of the hot table that holds ``vacuum_dead`` dead
     row versions or more (0: never), when its role owns the tables and no
     other such sweeper does it (a lock of its own: the leader may be a
@@ -114,7 +120,7 @@ class Sweeper:
                 self._stop.wait(self.interval_s)
 
     def _lead(self, conn: psycopg.Connection) -> None:
-        next_maintain = next_vacuum = 0.0
+        next_maintain = 0.0
         row = conn.execute(_MAY_VACUUM).fetchone() if self.vacuum_dead > 0 else None
         may_vacuum = bool(row and row[0])
         while not self._stop.is_set():
@@ -137,11 +143,10 @@ class Sweeper:
             if may_vacuum and not self.vacuums_here:
                 row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_VACUUM_KEY,)).fetchone()
                 self.vacuums_here = bool(row and row[0])
-            # Which partitions are due is read from pg_stat_user_tables, whose
-            # reading costs with the number of tables: once per maintenance.
-            if self.vacuums_here and time.monotonic() >= next_vacuum:
+            # Every tick: a busy queue leaves two dead rows a task, and a
+            # minute of them is hundreds of thousands for its claims to pass.
+            if self.vacuums_here:
                 self._vacuum(conn)
-                next_vacuum = time.monotonic() + self.maintain_every_s
             self._stop.wait(self.interval_s)
 
     def _fire_schedules(self, conn: psycopg.Connection) -> None:
