@@ -617,6 +617,10 @@ class AsyncClient:
         """Every schedule by name, or only those that enqueue into ``queues``."""
         return await self._run(operations.schedules_list(queues))
 
+    async def schedule(self, name: str) -> Schedule | None:
+        """The schedule of that name, or None."""
+        return await self._run(operations.schedule(name))
+
     async def schedule_firings(self, name: str, *, limit: int = 50) -> list[ScheduleFiring]:
         """The ticks a schedule fired (the last week), newest first, with their tasks."""
         return await self._run(operations.schedule_firings(name, limit))

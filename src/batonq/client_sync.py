@@ -615,6 +615,10 @@ class Client:
         """Every schedule by name, or only those that enqueue into ``queues``."""
         return self._run(operations.schedules_list(queues))
 
+    def schedule(self, name: str) -> Schedule | None:
+        """The schedule of that name, or None."""
+        return self._run(operations.schedule(name))
+
     def schedule_firings(self, name: str, *, limit: int = 50) -> list[ScheduleFiring]:
         """The ticks a schedule fired (the last week), newest first, with their tasks."""
         return self._run(operations.schedule_firings(name, limit))

@@ -59,6 +59,10 @@ def _one(cls: Callable[..., T]) -> Callable[[Rows], T]:
     return lambda rows: cls(*rows[0])
 
 
+def _maybe(cls: Callable[..., T]) -> Callable[[Rows], T | None]:
+    return lambda rows: cls(*rows[0]) if rows else None
+
+
 def _all(cls: Callable[..., T]) -> Callable[[Rows], list[T]]:
     return lambda rows: [cls(*row) for row in rows]
 
@@ -242,9 +246,7 @@ def check_wait(wait_s: float) -> float:
 
 
 def heartbeat(lease_token: str, *, lease_s: int | None = None, stage: str | None = None) -> Call[Submitted]:
-    return Call(
-        "SELECT * FROM batonq.heartbeat(%s, %s, %s)", (lease_token, lease_s, stage), _submitted
-    )
+    return Call("SELECT * FROM batonq.heartbeat(%s, %s, %s)", (lease_token, lease_s, stage), _submitted)
 
 
 def complete(lease_token: str, result: JSON = None) -> Call[Submitted]:
@@ -412,9 +414,7 @@ def add_edge(
 
 
 def remove_edge(from_queue: str, to_queue: str) -> Call[bool]:
-    return Call(
-        "SELECT batonq.remove_edge(%s, %s)", (from_queue, to_queue), lambda rows: bool(rows[0][0])
-    )
+    return Call("SELECT batonq.remove_edge(%s, %s)", (from_queue, to_queue), lambda rows: bool(rows[0][0]))
 
 
 def edges() -> Call[list[Edge]]:
@@ -436,9 +436,7 @@ def create_key(ring: int, queues: Sequence[str] = ("*",), name: str = "") -> Cal
 
 
 def create_first_key() -> Call[NewKey | None]:
-    return Call(
-        "SELECT * FROM batonq.create_first_key()", (), lambda rows: NewKey(*rows[0]) if rows else None
-    )
+    return Call("SELECT * FROM batonq.create_first_key()", (), _maybe(NewKey))
 
 
 def key_for_auth(key_id: int) -> Call[KeyAuth | None]:
@@ -478,9 +476,7 @@ def queue_count(scopes: Sequence[str] = ("*",), *, search: str | None = None) ->
 
 
 def throughput(queues: Sequence[str], minutes: int = 15) -> Call[list[Throughput]]:
-    return Call(
-        "SELECT * FROM batonq.throughput(%s::text[], %s)", (list(queues), minutes), _all(Throughput)
-    )
+    return Call("SELECT * FROM batonq.throughput(%s::text[], %s)", (list(queues), minutes), _all(Throughput))
 
 
 def find_tasks(
@@ -554,6 +550,10 @@ def schedules_list(queues: Sequence[str] | None = None) -> Call[list[Schedule]]:
         (None if queues is None else list(queues),),
         _all(Schedule),
     )
+
+
+def schedule(name: str) -> Call[Schedule | None]:
+    return Call("SELECT * FROM batonq.get_schedule(%s)", (name,), _maybe(Schedule))
 
 
 def schedule_firings(name: str, limit: int = 50) -> Call[list[ScheduleFiring]]:

@@ -67,6 +67,9 @@ def test_a_page_of_queues_reads_its_own_settings_and_schedules(admin: batonq.Cli
     assert admin.queue_configs([]) == admin.schedules([]) == []
     assert {c.name for c in admin.queue_configs()} >= {"page:a", "page:b", "page:c"}
     assert len(admin.schedules()) == 3
+    one = admin.schedule("for-page:b")
+    assert one is not None and (one.name, one.queue) == ("for-page:b", "page:b")
+    assert admin.schedule("for-page:none") is None
 
 
 def test_queue_settings_changes_are_audited_with_who(admin: batonq.Client) -> None:

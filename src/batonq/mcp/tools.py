@@ -482,9 +482,9 @@ async def batonq_schedule(
         )
     client = caller.client
     with _as_tool_errors():
-        for found in await client.schedules():
-            if found.name == name:
-                caller.check_queue(found.queue)
+        found = await client.schedule(name)
+        if found is not None:
+            caller.check_queue(found.queue)
         actor = f"key:{caller.access.key_id}" if caller.access.key_id else f"mcp:{caller.worker}"
         if action == "add":
             if cron is None or queue is None:

@@ -29,9 +29,9 @@ ScheduleName = Annotated[str, Path(pattern=QUEUE_NAME_PATTERN, examples=["nightl
 
 async def _visible(request: Request, access: Access, name: str) -> Schedule:
     """The schedule, if the key covers its queue; else it does not exist for it."""
-    for found in await client_of(request).schedules():
-        if found.name == name and access.covers(found.queue):
-            return found
+    found = await client_of(request).schedule(name)
+    if found is not None and access.covers(found.queue):
+        return found
     raise ScheduleNotFound(f"schedule {name} does not exist", schedule=name)
 
 
@@ -48,9 +48,9 @@ async def add_schedule(request: Request, body: s.ScheduleIn, access: Admin) -> s
     replaced, and its next tick is the first from now."""
     access.check_queue(body.queue)
     client = client_of(request)
-    for replaced in await client.schedules():  # replacing one needs its queue covered too
-        if replaced.name == body.name:
-            access.check_queue(replaced.queue)
+    replaced = await client.schedule(body.name)
+    if replaced is not None:  # replacing one needs its queue covered too
+        access.check_queue(replaced.queue)
     added = await client.add_schedule(
         body.name, body.cron, body.queue, body.payload, tz=body.tz, missed=body.missed, actor=actor(access)
     )

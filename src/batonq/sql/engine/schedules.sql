@@ -103,6 +103,14 @@ BEGIN ATOMIC
     ORDER BY name;
 END;
 
+-- One schedule by name (no row if there is none): what a change of one
+-- schedule checks, read by its key rather than from the whole list.
+CREATE OR REPLACE FUNCTION batonq.get_schedule(p_name text) RETURNS SETOF batonq.schedules
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT * FROM batonq.schedules WHERE name = p_name;
+END;
+
 -- The schedules whose next tick has come (or is not computed yet), with
 -- the database's clock: the firer reckons ticks by it, never by its own.
 CREATE OR REPLACE FUNCTION batonq.due_schedules(p_limit integer DEFAULT 100) RETURNS SETOF batonq.due_schedule
@@ -178,7 +186,7 @@ BEGIN ATOMIC
 END;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION batonq.list_schedules(text[]) TO batonq_reader;
+GRANT EXECUTE ON FUNCTION batonq.list_schedules(text[]), batonq.get_schedule(text) TO batonq_reader;
 GRANT EXECUTE ON FUNCTION
     batonq.due_schedules(integer),
     batonq.fire_schedule(text, timestamptz, timestamptz, timestamptz, timestamptz[], timestamptz)
