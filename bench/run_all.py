@@ -11,11 +11,12 @@ Runs, each on scratch databases of its own on the same server:
 4. ``bench_latency.py``  enqueue -> handler start at 100 tasks/s, vs raw LISTEN/NOTIFY
 5. ``bench_backlog.py``  claim latency against 1k..1M pending and 1M finished
 6. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
-7. ``bench_http.py``     claim + submit over HTTP vs the Python client
-8. ``bench_idle.py``     CPU of an idle ``batonq worker``
-9. ``bench_sustained.py`` minutes of mixed load at W = 4/16/64 vs a raw loop, on a
+7. ``bench_limits.py``   claim + complete with each flow-control limit on vs unlimited
+8. ``bench_http.py``     claim + submit over HTTP vs the Python client
+9. ``bench_idle.py``     CPU of an idle ``batonq worker``
+10. ``bench_sustained.py`` minutes of mixed load at W = 4/16/64 vs a raw loop, on a
                          private cluster of its own with autovacuum on
-10. ``plot.py``          PNG plots of the newest results
+11. ``plot.py``          PNG plots of the newest results
 
 Then ``compare.py`` sets each ratio of the results just written against the
 newest earlier result of the same kind in the results directory, and flags
@@ -51,7 +52,10 @@ PEERS = {
     Path("/tmp/peer-pgqueuer"): ["pgqueuer==1.6.0", "asyncpg"],
     Path("/tmp/peer-procrastinate"): ["procrastinate==3.10.0", "psycopg[binary]"],
 }
-STEPS = ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "sustained", "plot")
+STEPS = (
+    "userpath", "core", "workers", "latency", "backlog", "graph", "limits",
+    "http", "idle", "sustained", "plot",
+)  # fmt: skip
 
 
 def _stamp() -> str:
@@ -129,6 +133,9 @@ def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: P
                 *(["--quick"] if quick else []),
             ]
         ]
+    if step == "limits":
+        size = ["--quick"] if quick else []
+        return [[*py, str(BENCH / "bench_limits.py"), "--dsn", dsn, "--out", str(out), *size]]
     if step == "http":
         return [
             [

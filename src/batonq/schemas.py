@@ -25,6 +25,7 @@ from batonq import models
 from batonq.limits import (
     MAX_ATTEMPTS,
     MAX_DELAY_S,
+    MAX_GROUP_CHARS,
     MAX_LEASE_S,
     MAX_LIST_ITEMS,
     MAX_QUEUE_BODY_BYTES,
@@ -80,6 +81,8 @@ MaxTasks = Annotated[
     int, Field(ge=1, json_schema_extra={"maximum": MAX_LIST_ITEMS}), _Integral, _between(1, MAX_LIST_ITEMS)
 ]
 RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
+Limit = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
+RatePeriodS = Annotated[float, Field(gt=0, le=86400), _between(0, 86400)]
 BodyBytes = Annotated[
     int, Field(ge=1, le=MAX_QUEUE_BODY_BYTES), _Integral, _between(1, MAX_QUEUE_BODY_BYTES)
 ]
@@ -145,6 +148,10 @@ class EnqueueIn(Strict):
         None, gt=0, le=315360000, description="with debounce: run at the latest this long after the first"
     )
     keep: Literal["last", "first"] = Field("last", description="with debounce: the payload the task carries")
+    group: str | None = Field(
+        None, min_length=1, max_length=MAX_GROUP_CHARS, examples=["customer-42"],
+        description="the task's group (a customer id, say): the queue's group_max_leased caps each group",
+    )  # fmt: skip
 
 
 class EnqueueOut(BaseModel):
@@ -209,6 +216,7 @@ class ClaimedTask(BaseModel):
     root_id: str
     created_at: datetime
     run_at: datetime
+    group: str | None
 
     @classmethod
     def of(cls, lease: models.Lease) -> ClaimedTask:
@@ -219,7 +227,7 @@ class ClaimedTask(BaseModel):
             attempt=lease.attempt, max_attempts=lease.max_attempts, queue=lease.queue,
             priority=lease.priority, idempotency_key=lease.idempotency_key,
             parent_id=tid(lease.parent_id), root_id=task_ref(lease.root_id),
-            created_at=lease.created_at, run_at=lease.run_at,
+            created_at=lease.created_at, run_at=lease.run_at, group=lease.group,
         )  # fmt: skip
 
 
@@ -398,6 +406,7 @@ class TaskOut(BaseModel):
     last_error: str | None
     errors: list[dict[str, Any]] = Field(description="every attempt's error, oldest first")
     result: Any
+    group: str | None = Field(description="the group the task counts against (group_max_leased)")
 
     @classmethod
     def of(cls, t: models.Task) -> TaskOut:
@@ -408,7 +417,7 @@ class TaskOut(BaseModel):
             parent_id=tid(t.parent_id), root_id=task_ref(t.root_id), fencing_token=t.fencing_token,
             run_at=t.run_at, created_at=t.created_at, claimed_at=t.claimed_at,
             lease_expires_at=t.lease_expires_at, finished_at=t.finished_at, worker=t.worker,
-            stage=t.stage, last_error=t.last_error, errors=t.errors, result=t.result,
+            stage=t.stage, last_error=t.last_error, errors=t.errors, result=t.result, group=t.group,
         )  # fmt: skip
 
 
@@ -499,6 +508,18 @@ class QueueSettingsIn(Strict):
     retention_s: RetentionS | None = None
     max_body_bytes: BodyBytes | None = None
     paused: bool | None = None
+    max_leased: Limit | None = Field(
+        None, description="at most this many of the queue's tasks leased at once (all workers); 0 removes it"
+    )
+    group_max_leased: Limit | None = Field(
+        None, description="at most this many tasks of one group leased at once; 0 removes it"
+    )
+    rate_limit: Limit | None = Field(
+        None, description="at most this many claims per rate_period_s; 0 removes it"
+    )
+    rate_period_s: RatePeriodS | None = Field(
+        None, description="the rate limit's period in seconds (default 1)"
+    )
 
 
 class QueueSettingsOut(BaseModel):
@@ -510,6 +531,10 @@ class QueueSettingsOut(BaseModel):
     retention_s: int
     max_body_bytes: int
     paused: bool
+    max_leased: int | None = Field(description="null: no limit")
+    group_max_leased: int | None = Field(description="null: no limit")
+    rate_limit: int | None = Field(description="claims per rate_period_s; null: no limit")
+    rate_period_s: float
     created_at: datetime
 
 
