@@ -289,6 +289,7 @@ class Client:
         debounce_s: float | None = None,
         max_wait_s: float | None = None,
         keep: str = "last",
+        group: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> Enqueued:
         """Enqueue one task; with ``idempotency_key``, at most one task per
@@ -300,12 +301,15 @@ class Client:
         or ``max_wait_s`` after the first; it carries the ``keep="last"``
         payload, or the ``"first"``.
 
+        ``group`` (1-128 characters, e.g. a customer id) counts the task
+        against its queue's ``group_max_leased``.
+
         ``conn`` joins your transaction: the task exists only if it commits.
         """
         call = operations.enqueue(
             queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
             idempotency_key=idempotency_key, held=held, parent=parent, debounce_key=debounce_key,
-            debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep,
+            debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep, group=group,
         )  # fmt: skip
         return self._run(call, conn)
 
@@ -320,12 +324,17 @@ class Client:
         max_attempts: int | None = None,
         held: bool = False,
         parent: int | str | None = None,
+        groups: Sequence[str | None] | None = None,
+        group: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
     ) -> list[Enqueued]:
-        """Enqueue many tasks in one round trip; one answer per payload, in order."""
+        """Enqueue many tasks in one round trip; one answer per payload, in order.
+        ``groups`` gives each task its group (parallel to ``payloads``),
+        ``group`` one group for all."""
         call = operations.enqueue_many(
             queue, payloads, idempotency_keys=idempotency_keys, priorities=priorities,
             delays_s=delays_s, max_attempts=max_attempts, held=held, parent=parent,
+            groups=groups, group=group,
         )  # fmt: skip
         return self._run(call, conn)
 
@@ -342,18 +351,24 @@ class Client:
         """Claim up to ``max_tasks`` tasks, each under a new lease.
 
         With ``wait_s`` (up to ``limits.MAX_WAIT_S``, 55) an empty queue is waited on, and the claim
-        returns as soon as a task arrives; ``[]`` when none did. ``key_id``
+        returns as soon as a task arrives (or a lease ends, on a queue at
+        its concurrency limit, or the rate limit's next token is due);
+        ``[]`` when none did. ``key_id``
         records the API key asking (a service's), for ``lease_tokens_for_key``.
         """
         wait_s = operations.check_wait(wait_s)
-        call = operations.claim(
-            queue, worker=worker or self.worker_name, max_tasks=max_tasks, lease_s=lease_s, key_id=key_id
-        )
+        worker = worker or self.worker_name
         if wait_s == 0:
-            return self._run(call)
+            return self._run(
+                operations.claim(queue, worker=worker, max_tasks=max_tasks, lease_s=lease_s, key_id=key_id)
+            )
+        look = operations.claim_or_rate_wait(
+            queue, worker=worker, max_tasks=max_tasks, lease_s=lease_s, key_id=key_id
+        )
         deadline = time.monotonic() + wait_s
         with self.watch(queue) as wake:
             woken = True
+            rate_wait_s = 0.0
             while True:
                 # Between wake-ups every waiter looks again each poll
                 # interval (a delayed task comes due without a wake-up), but
@@ -362,14 +377,20 @@ class Client:
                 # long-polls on an idle queue cost one claim a second, not
                 # 1,000.
                 if woken or not self._looked_lately(queue):
-                    leases = self._run(call)
+                    leases, rate_wait_s = self._run(look)
                     if leases:
                         return leases
                     self._looked_empty[queue] = time.monotonic()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
-                woken = wake.wait(min(remaining, self.poll_interval_s))
+                if 0 < rate_wait_s < min(remaining, self.poll_interval_s):
+                    # An empty rate bucket sends no wake-up: look again
+                    # when its next token is due.
+                    wake.wait(rate_wait_s)
+                    woken, rate_wait_s = True, 0.0
+                else:
+                    woken = wake.wait(min(remaining, self.poll_interval_s))
 
     def _looked_lately(self, queue: str) -> bool:
         """A claim of this client found ``queue`` empty within the poll interval."""
@@ -382,6 +403,11 @@ class Client:
         Look for work between waits: ``wait`` also returns True at once when
         it had to register for wake-ups anew (see ``await_work``)."""
         return self._listener.watch(queue, self.await_work)
+
+    def rate_wait(self, queues: Sequence[str]) -> float:
+        """Seconds until the first of ``queues`` held back by its rate limit
+        has a token again (0: none is held back)."""
+        return self._run(operations.rate_wait(queues))
 
     def await_work(self, queue: str, for_s: float) -> bool:
         """Have ``queue`` send wake-ups for at least ``for_s`` more seconds.
@@ -518,15 +544,27 @@ class Client:
         retention_s: int | None = None,
         max_body_bytes: int | None = None,
         paused: bool | None = None,
+        max_leased: int | None = None,
+        group_max_leased: int | None = None,
+        rate_limit: int | None = None,
+        rate_period_s: float | None = None,
         actor: str | None = None,
     ) -> QueueConfig:
         """Create a queue or change its settings; None keeps a setting.
+
+        Limits, held by the engine across all workers: ``max_leased`` tasks
+        leased at once, ``group_max_leased`` per group (see ``enqueue``'s
+        ``group``), ``rate_limit`` claims per ``rate_period_s`` (default 1).
+        0 removes a limit.
+
         ``actor`` names who asks in the settings audit (a service passes its
         caller's API key); by default the database role."""
         call = operations.configure_queue(
             queue, lease_s=lease_s, max_attempts=max_attempts, backoff_base_s=backoff_base_s,
             backoff_max_s=backoff_max_s, retention_s=retention_s,
-            max_body_bytes=max_body_bytes, paused=paused, actor=actor,
+            max_body_bytes=max_body_bytes, paused=paused, max_leased=max_leased,
+            group_max_leased=group_max_leased, rate_limit=rate_limit,
+            rate_period_s=rate_period_s, actor=actor,
         )  # fmt: skip
         return self._run(call)
 

@@ -84,8 +84,9 @@ class Enqueued:
 @dataclass(slots=True)
 class Lease:
     """A claimed task: ``row`` is its input (the payload it was enqueued
-    with), the rest says about the lease and the task. Present
-    ``lease_token`` with every write about it."""
+    with), the rest says about the lease and the task (``group``: the group
+    it was enqueued in, if any). Present ``lease_token`` with every write
+    about it."""
 
     task_id: int
     queue: str
@@ -102,6 +103,7 @@ class Lease:
     root_id: int
     created_at: datetime
     run_at: datetime
+    group: str | None
 
 
 @dataclass(slots=True)
@@ -172,6 +174,7 @@ class Task:
     errors: list[dict[str, Any]]
     result: JSON
     finished_at: datetime | None
+    group: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +222,13 @@ class QueueConfig:
     max_body_bytes: int
     paused: bool
     created_at: datetime
+    max_leased: int | None
+    """At most this many of the queue's tasks leased at once (None: no limit)."""
+    group_max_leased: int | None
+    """At most this many leased per group."""
+    rate_limit: int | None
+    """At most this many claims per ``rate_period_s`` (a token bucket)."""
+    rate_period_s: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ def enqueue(
     debounce_s: float | None = None,
     max_wait_s: float | None = None,
     keep: str = "last",
+    group: str | None = None,
 ) -> Call[Enqueued]:
     if debounce_key is not None or debounce_s is not None:
         if debounce_key is None or debounce_s is None:
@@ -95,15 +96,15 @@ def enqueue(
         if delay_s or idempotency_key is not None or held or parent is not None:
             raise InvalidArgument("a debounced enqueue takes no delay_s, idempotency_key, held or parent")
         return Call(
-            "SELECT * FROM batonq.enqueue_debounced(%s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT * FROM batonq.enqueue_debounced(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
             (queue, debounce_key, _json(payload), float(debounce_s),
-             None if max_wait_s is None else float(max_wait_s), keep, priority, max_attempts),
+             None if max_wait_s is None else float(max_wait_s), keep, priority, max_attempts, group),
             _one(Enqueued),
         )  # fmt: skip
     if max_wait_s is not None:
         raise InvalidArgument("max_wait_s needs debounce_key and debounce_s")
     return Call(
-        "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)",
+        "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             queue,
             _json(payload),
@@ -113,6 +114,7 @@ def enqueue(
             idempotency_key,
             held,
             None if parent is None else task_id(parent),
+            group,
         ),
         _one(Enqueued),
     )
@@ -128,11 +130,18 @@ def enqueue_many(
     max_attempts: int | None = None,
     held: bool = False,
     parent: int | str | None = None,
+    groups: Sequence[str | None] | None = None,
+    group: str | None = None,
 ) -> Call[list[Enqueued]]:
+    """``groups`` runs parallel to ``payloads``; ``group`` puts them all in one."""
+    if group is not None:
+        if groups is not None:
+            raise InvalidArgument("give group or groups, not both")
+        groups = [group] * len(payloads)
     return Call(
         "SELECT task_id, queue, created, state, run_at"
         " FROM batonq.enqueue_many(%s, %b::jsonb[], %s::text[], %s::integer[],"
-        " %s::double precision[], %s, %s, %s)",
+        " %s::double precision[], %s, %s, %s, %s::text[])",
         (
             queue,
             [_json(p) for p in payloads],
@@ -142,6 +151,7 @@ def enqueue_many(
             max_attempts,
             held,
             None if parent is None else task_id(parent),
+            None if groups is None else list(groups),
         ),
         _all(Enqueued),
     )
@@ -162,6 +172,32 @@ def claim(
     )
 
 
+def claim_or_rate_wait(
+    queue: str,
+    *,
+    worker: str | None = None,
+    max_tasks: int = 1,
+    lease_s: int | None = None,
+    key_id: int | None = None,
+) -> Call[tuple[list[Lease], float]]:
+    """A long-poll's look: ``claim``, and when it took nothing, in the same
+    round trip, the seconds until the queue's rate limit has a token again
+    (``batonq.rate_wait_s``; 0 when no rate limit held it back)."""
+
+    def parse(rows: Rows) -> tuple[list[Lease], float]:
+        if len(rows) == 1 and rows[0][0] is None:
+            return [], float(rows[0][-1])
+        return [Lease(*row[:-1]) for row in rows], 0.0
+
+    return Call(
+        "WITH c AS (SELECT * FROM batonq.claim(%s, %s, %s, %s, %s))"
+        " SELECT c.*, NULL::double precision FROM c"
+        " UNION ALL SELECT (NULL::batonq.lease).*, batonq.rate_wait_s(%s) WHERE NOT EXISTS (SELECT FROM c)",
+        (queue, worker, max_tasks, lease_s, key_id, queue),
+        parse,
+    )
+
+
 def lease_tokens_for_key(leases: Sequence[tuple[int | str, int]], key_id: int) -> Call[list[str]]:
     """One lease token per ``(task id, fencing token)``, in order."""
     return Call(
@@ -169,6 +205,17 @@ def lease_tokens_for_key(leases: Sequence[tuple[int | str, int]], key_id: int) -
         " FROM unnest(%s::bigint[], %s::bigint[]) WITH ORDINALITY AS u(id, fence, ord) ORDER BY u.ord",
         (key_id, [task_id(t) for t, _ in leases], [fence for _, fence in leases]),
         lambda rows: [row[0] for row in rows],
+    )
+
+
+def rate_wait(queues: Sequence[str]) -> Call[float]:
+    """Seconds until the first of ``queues`` whose rate bucket is empty has
+    a token again; 0 when none is held back by its rate limit."""
+    return Call(
+        "SELECT coalesce(min(w) FILTER (WHERE w > 0), 0)"
+        " FROM unnest(%s::text[]) AS q, batonq.rate_wait_s(q) AS w",
+        (list(queues),),
+        lambda rows: float(rows[0][0]),
     )
 
 
@@ -277,12 +324,17 @@ def configure_queue(
     retention_s: int | None = None,
     max_body_bytes: int | None = None,
     paused: bool | None = None,
+    max_leased: int | None = None,
+    group_max_leased: int | None = None,
+    rate_limit: int | None = None,
+    rate_period_s: float | None = None,
     actor: str | None = None,
 ) -> Call[QueueConfig]:
     return Call(
-        "SELECT * FROM batonq.configure_queue_as(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-        (actor, queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s,
-         max_body_bytes, paused),
+        "SELECT * FROM batonq.configure_queue(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s, max_body_bytes,
+         paused, max_leased, group_max_leased, rate_limit,
+         None if rate_period_s is None else float(rate_period_s), actor),  # fmt: skip
         _one(QueueConfig),
     )
 

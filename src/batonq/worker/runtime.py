@@ -335,7 +335,7 @@ class Worker:
                 return
             if await self._await_work(client):
                 continue  # registered anew: tasks may have come before it
-            await self._idle(self.wait_s)
+            await self._idle(await self._rate_wait(client))
 
     async def _await_work(self, client: AsyncClient) -> bool:
         """Keep every queue sending wake-ups while this worker idles (the
@@ -350,6 +350,16 @@ class Worker:
             except psycopg.OperationalError as error:
                 log.warning("await_work on %s failed (%s)", queue, error, extra=self._fields)
         return renewed
+
+    async def _rate_wait(self, client: AsyncClient) -> float:
+        """How long to idle: ``wait_s``, or less when a queue's rate limit
+        held claims back (an empty bucket sends no wake-up when it refills)."""
+        try:
+            rate_wait_s = await client.rate_wait(self.queues)
+        except psycopg.OperationalError as error:
+            log.warning("rate_wait failed (%s)", error, extra=self._fields)
+            return self.wait_s
+        return min(self.wait_s, rate_wait_s) if rate_wait_s > 0 else self.wait_s
 
     async def _idle(self, timeout: float) -> None:
         assert self._poke is not None

@@ -38,29 +38,6 @@ CREATE OR REPLACE TRIGGER queues_audit AFTER INSERT OR UPDATE OR DELETE ON baton
 CREATE OR REPLACE TRIGGER schedules_audit AFTER INSERT OR UPDATE OR DELETE ON batonq.schedules
     FOR EACH ROW EXECUTE FUNCTION batonq._audit_settings('schedule');
 
--- configure_queue on behalf of p_actor (a service's API key), audited so.
-CREATE OR REPLACE FUNCTION batonq.configure_queue_as(
-    p_actor          text,
-    p_queue          text,
-    p_lease_s        integer DEFAULT NULL,
-    p_max_attempts   integer DEFAULT NULL,
-    p_backoff_base_s double precision DEFAULT NULL,
-    p_backoff_max_s  double precision DEFAULT NULL,
-    p_retention_s    integer DEFAULT NULL,
-    p_max_body_bytes integer DEFAULT NULL,
-    p_paused         boolean DEFAULT NULL
-) RETURNS batonq.queues
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_queue batonq.queues;
-BEGIN
-    PERFORM batonq._act_as(p_actor);
-    v_queue := batonq.configure_queue(p_queue, p_lease_s, p_max_attempts, p_backoff_base_s,
-                                      p_backoff_max_s, p_retention_s, p_max_body_bytes, p_paused);
-    PERFORM batonq._act_as(NULL);
-    RETURN v_queue;
-END $$;
-
 -- The newest audit entries first, optionally of one kind and name; a page
 -- ends before the entry before_id.
 CREATE OR REPLACE FUNCTION batonq.list_settings_audit(

@@ -19,7 +19,8 @@ CREATE OR REPLACE FUNCTION batonq.enqueue_debounced(
     p_max_wait_s   double precision DEFAULT NULL,
     p_keep         text DEFAULT 'last',
     p_priority     integer DEFAULT 0,
-    p_max_attempts integer DEFAULT NULL
+    p_max_attempts integer DEFAULT NULL,
+    p_group        text DEFAULT NULL
 ) RETURNS batonq.enqueued
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -40,6 +41,7 @@ BEGIN
         PERFORM batonq._invalid_argument('keep must be first or last');
     END IF;
     PERFORM batonq._check_enqueue_args(p_priority, 0, p_max_attempts);
+    PERFORM batonq._check_group(p_group);
     PERFORM batonq._check_json('payload', p_payload, v_queue.max_body_bytes);
     PERFORM pg_advisory_xact_lock(hashtextextended(p_queue || E'\n' || p_key, 13));
 
@@ -48,7 +50,8 @@ BEGIN
         UPDATE batonq.tasks
            SET run_at = least(now() + make_interval(secs => p_debounce_s),
                               v_window.opened_at + make_interval(secs => coalesce(p_max_wait_s, 315360000))),
-               payload = CASE WHEN p_keep = 'last' THEN p_payload ELSE payload END
+               payload = CASE WHEN p_keep = 'last' THEN p_payload ELSE payload END,
+               group_key = CASE WHEN p_keep = 'last' THEN p_group ELSE group_key END
          WHERE queue = p_queue AND id = v_window.task_id AND state = 'pending'
         RETURNING id, queue, false, state, run_at INTO v_reply;
         IF FOUND THEN
@@ -56,7 +59,8 @@ BEGIN
         END IF;
     END IF;
     -- No open window (none yet, or its task was claimed, held or finished).
-    v_reply := batonq.enqueue(p_queue, p_payload, p_priority, p_debounce_s, p_max_attempts);
+    v_reply := batonq.enqueue(p_queue, p_payload, p_priority, p_debounce_s, p_max_attempts,
+                              p_group => p_group);
     INSERT INTO batonq.debounces (queue, key, task_id, opened_at)
     VALUES (p_queue, p_key, v_reply.task_id, now())
     ON CONFLICT (queue, key) DO UPDATE SET task_id = excluded.task_id, opened_at = excluded.opened_at;
@@ -65,5 +69,5 @@ END $$;
 
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-    batonq.enqueue_debounced(text, text, jsonb, double precision, double precision, text, integer, integer)
+    batonq.enqueue_debounced(text, text, jsonb, double precision, double precision, text, integer, integer, text)
 TO batonq_worker;

@@ -1,40 +1,81 @@
 -- batonq engine: queues and enqueue.
 
 -- Create a queue or change its settings; a NULL argument keeps the current
--- value (or the default, for a new queue).
+-- value (or the default, for a new queue). For the limits (max_leased,
+-- group_max_leased, rate_limit) 0 removes the limit. p_actor names who acts
+-- (a service's API key) in the settings audit; NULL: the database role.
 CREATE OR REPLACE FUNCTION batonq.configure_queue(
-    p_queue          text,
-    p_lease_s        integer DEFAULT NULL,
-    p_max_attempts   integer DEFAULT NULL,
-    p_backoff_base_s double precision DEFAULT NULL,
-    p_backoff_max_s  double precision DEFAULT NULL,
-    p_retention_s    integer DEFAULT NULL,
-    p_max_body_bytes integer DEFAULT NULL,
-    p_paused         boolean DEFAULT NULL
+    p_queue            text,
+    p_lease_s          integer DEFAULT NULL,
+    p_max_attempts     integer DEFAULT NULL,
+    p_backoff_base_s   double precision DEFAULT NULL,
+    p_backoff_max_s    double precision DEFAULT NULL,
+    p_retention_s      integer DEFAULT NULL,
+    p_max_body_bytes   integer DEFAULT NULL,
+    p_paused           boolean DEFAULT NULL,
+    p_max_leased       integer DEFAULT NULL,
+    p_group_max_leased integer DEFAULT NULL,
+    p_rate_limit       integer DEFAULT NULL,
+    p_rate_period_s    double precision DEFAULT NULL,
+    p_actor            text DEFAULT NULL
 ) RETURNS batonq.queues
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_queue batonq.queues;
 BEGIN
+    IF p_max_leased < 0 THEN
+        PERFORM batonq._invalid_argument(format('max_leased must be 1 or more, or 0 for no limit (got %s)', p_max_leased));
+    END IF;
+    IF p_group_max_leased < 0 THEN
+        PERFORM batonq._invalid_argument(format('group_max_leased must be 1 or more, or 0 for no limit (got %s)', p_group_max_leased));
+    END IF;
+    IF p_rate_limit < 0 THEN
+        PERFORM batonq._invalid_argument(format('rate_limit must be 1 or more, or 0 for no limit (got %s)', p_rate_limit));
+    END IF;
+    IF p_rate_period_s <= 0 OR p_rate_period_s > 86400 OR p_rate_period_s = 'NaN' THEN
+        PERFORM batonq._invalid_argument(format('rate_period_s must be above 0 and at most 86400 (a day) (got %s)', p_rate_period_s));
+    END IF;
+    PERFORM batonq._act_as(p_actor);
     PERFORM batonq._queue(p_queue, true);
     UPDATE batonq.queues SET
-        lease_s        = coalesce(p_lease_s, lease_s),
-        max_attempts   = coalesce(p_max_attempts, max_attempts),
-        backoff_base_s = coalesce(p_backoff_base_s, backoff_base_s),
-        backoff_max_s  = coalesce(p_backoff_max_s, backoff_max_s),
-        retention_s    = coalesce(p_retention_s, retention_s),
-        max_body_bytes = coalesce(p_max_body_bytes, max_body_bytes),
-        paused         = coalesce(p_paused, paused)
+        lease_s          = coalesce(p_lease_s, lease_s),
+        max_attempts     = coalesce(p_max_attempts, max_attempts),
+        backoff_base_s   = coalesce(p_backoff_base_s, backoff_base_s),
+        backoff_max_s    = coalesce(p_backoff_max_s, backoff_max_s),
+        retention_s      = coalesce(p_retention_s, retention_s),
+        max_body_bytes   = coalesce(p_max_body_bytes, max_body_bytes),
+        paused           = coalesce(p_paused, paused),
+        max_leased       = CASE WHEN p_max_leased IS NULL THEN max_leased ELSE nullif(p_max_leased, 0) END,
+        group_max_leased = CASE WHEN p_group_max_leased IS NULL THEN group_max_leased
+                                ELSE nullif(p_group_max_leased, 0) END,
+        rate_limit       = CASE WHEN p_rate_limit IS NULL THEN rate_limit ELSE nullif(p_rate_limit, 0) END,
+        rate_period_s    = coalesce(p_rate_period_s, rate_period_s)
     WHERE name = p_queue
     RETURNING * INTO v_queue;
-    IF p_paused IS FALSE THEN
+    PERFORM batonq._act_as(NULL);
+    -- A new rate starts with a full bucket.
+    IF p_rate_limit IS NOT NULL OR p_rate_period_s IS NOT NULL THEN
+        DELETE FROM batonq.rate_buckets WHERE queue = p_queue;
+    END IF;
+    -- Unpaused, or a limit raised or removed: claims may find tasks now.
+    IF p_paused IS FALSE OR p_max_leased IS NOT NULL OR p_group_max_leased IS NOT NULL
+       OR p_rate_limit IS NOT NULL OR p_rate_period_s IS NOT NULL THEN
         PERFORM batonq._wake(p_queue);
     END IF;
     RETURN v_queue;
 EXCEPTION WHEN check_violation THEN
     RAISE EXCEPTION 'invalid queue setting: lease_s 1-3600, max_attempts 1-1000, backoff and retention >= 0, max_body_bytes >= 1'
         USING ERRCODE = 'BQ004';
+END $$;
+
+-- A task's group: NULL (none) or 1-128 characters.
+CREATE OR REPLACE FUNCTION batonq._check_group(p_group text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF length(p_group) NOT BETWEEN 1 AND 128 THEN
+        PERFORM batonq._invalid_argument(format('group must be 1-128 characters (got %s)', length(p_group)));
+    END IF;
 END $$;
 
 -- The root of the run a new child joins: its parent's root.
@@ -84,7 +125,8 @@ CREATE OR REPLACE FUNCTION batonq.enqueue(
     p_max_attempts    integer DEFAULT NULL,
     p_idempotency_key text DEFAULT NULL,
     p_held            boolean DEFAULT false,
-    p_parent_id       bigint DEFAULT NULL
+    p_parent_id       bigint DEFAULT NULL,
+    p_group           text DEFAULT NULL
 ) RETURNS batonq.enqueued
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -96,6 +138,7 @@ DECLARE
     v_reply  batonq.enqueued;
 BEGIN
     PERFORM batonq._check_enqueue_args(p_priority, p_delay_s, p_max_attempts);
+    PERFORM batonq._check_group(p_group);
     PERFORM batonq._check_json('payload', p_payload, v_queue.max_body_bytes);
     IF p_idempotency_key IS NOT NULL THEN
         INSERT INTO batonq.idempotency_keys (queue, key, task_id)
@@ -114,10 +157,10 @@ BEGIN
         END IF;
     END IF;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              idempotency_key, parent_id, root_id)
+                              idempotency_key, parent_id, root_id, group_key)
     VALUES (v_id, p_queue, v_state, p_priority, now() + make_interval(secs => p_delay_s), p_payload,
             coalesce(p_max_attempts, v_queue.max_attempts), p_idempotency_key, p_parent_id,
-            CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END)
+            CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END, p_group)
     RETURNING id, queue, true, state, run_at INTO v_reply;
     IF v_state = 'pending' AND p_delay_s = 0 THEN
         PERFORM batonq._wake(p_queue);
@@ -127,7 +170,8 @@ END $$;
 
 -- Enqueue many tasks into one queue in one call (10,000 is fine). The
 -- arrays run in parallel: payloads, and optionally idempotency keys,
--- priorities and delays (NULL or a shorter array means none/0/0). One row
+-- priorities, delays and groups (NULL or a shorter array means
+-- none/0/0/none). One row
 -- comes back per payload, in order (ord counts from 1); a key repeated
 -- within the batch yields one task.
 CREATE OR REPLACE FUNCTION batonq.enqueue_many(
@@ -138,7 +182,8 @@ CREATE OR REPLACE FUNCTION batonq.enqueue_many(
     p_delays_s         double precision[] DEFAULT NULL,
     p_max_attempts     integer DEFAULT NULL,
     p_held             boolean DEFAULT false,
-    p_parent_id        bigint DEFAULT NULL
+    p_parent_id        bigint DEFAULT NULL,
+    p_groups           text[] DEFAULT NULL
 ) RETURNS TABLE (ord integer, task_id bigint, queue text, created boolean, state text, run_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -155,10 +200,15 @@ BEGIN
         RETURN;
     END IF;
     IF cardinality(p_idempotency_keys) > v_n OR cardinality(p_priorities) > v_n
-       OR cardinality(p_delays_s) > v_n THEN
-        PERFORM batonq._invalid_argument('idempotency_keys, priorities and delays_s may not be longer than payloads');
+       OR cardinality(p_delays_s) > v_n OR cardinality(p_groups) > v_n THEN
+        PERFORM batonq._invalid_argument('idempotency_keys, priorities, delays_s and groups may not be longer than payloads');
     END IF;
     PERFORM batonq._check_enqueue_args(0, 0, p_max_attempts);
+    SELECT g.ord INTO v_bad FROM unnest(p_groups) WITH ORDINALITY AS g(name, ord)
+     WHERE length(g.name) NOT BETWEEN 1 AND 128 LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        PERFORM batonq._check_group(p_groups[v_bad]);
+    END IF;
     -- Each body's text is made once (OFFSET 0 keeps the subquery from being
     -- folded into two casts); a short one needs no call of _json_fits.
     SELECT i.ord INTO v_bad
@@ -183,11 +233,13 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                                      parent_id, root_id)
+                                      parent_id, root_id, group_key)
             SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
                    now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
-                   coalesce(p_max_attempts, v_queue.max_attempts), p_parent_id, coalesce(v_root, i.id)
-              FROM unnest(p_payloads, v_ids, p_priorities, p_delays_s) AS i(body, id, priority, delay_s)
+                   coalesce(p_max_attempts, v_queue.max_attempts), p_parent_id, coalesce(v_root, i.id),
+                   i.group_key
+              FROM unnest(p_payloads, v_ids, p_priorities, p_delays_s, p_groups)
+                   AS i(body, id, priority, delay_s, group_key)
             RETURNING id, queue, state, run_at
         )
         SELECT o.ord::integer, i.id, i.queue, true, i.state, i.run_at
@@ -198,8 +250,8 @@ BEGIN
         -- transaction, or earlier in this batch) insert no task.
         WITH input AS (
             SELECT i.*, row_number() OVER (PARTITION BY i.key ORDER BY i.ord) AS nth
-              FROM unnest(p_payloads, v_ids, p_idempotency_keys, p_priorities, p_delays_s)
-                   WITH ORDINALITY AS i(body, id, key, priority, delay_s, ord)
+              FROM unnest(p_payloads, v_ids, p_idempotency_keys, p_priorities, p_delays_s, p_groups)
+                   WITH ORDINALITY AS i(body, id, key, priority, delay_s, group_key, ord)
         ), taken AS (
             -- In key order, so two batches with overlapping keys wait on each
             -- other in the same order and cannot deadlock.
@@ -210,10 +262,11 @@ BEGIN
             RETURNING task_id
         )
         INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                                  idempotency_key, parent_id, root_id)
+                                  idempotency_key, parent_id, root_id, group_key)
         SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
                now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
-               coalesce(p_max_attempts, v_queue.max_attempts), i.key, p_parent_id, coalesce(v_root, i.id)
+               coalesce(p_max_attempts, v_queue.max_attempts), i.key, p_parent_id, coalesce(v_root, i.id),
+               i.group_key
           FROM input i
          WHERE i.key IS NULL OR i.id IN (SELECT t.task_id FROM taken t);
 
@@ -241,6 +294,6 @@ END $$;
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-    batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint),
-    batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint)
+    batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint, text),
+    batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[])
 TO batonq_worker;

@@ -228,7 +228,7 @@ RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload
            t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
            t.claimed_at, t.worker, t.stage, coalesce(p_last_error, t.last_error),
            coalesce(p_errors, t.errors), t.join_task_id, t.fan_index, p_result, now(),
-           t.lease_secret, t.claim_key)::batonq.archive;
+           t.lease_secret, t.claim_key, t.group_key)::batonq.archive;
 
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.

@@ -6,14 +6,14 @@ LANGUAGE sql IMMUTABLE
 RETURN ROW(t.id, t.queue, t.state, t.priority, t.run_at, t.created_at, t.payload, t.attempts,
            t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
            t.lease_expires_at, t.claimed_at, t.worker, t.stage, t.last_error, t.errors,
-           NULL, NULL)::batonq.task_view;
+           NULL, NULL, t.group_key)::batonq.task_view;
 
 CREATE OR REPLACE FUNCTION batonq._archive_view(a batonq.archive) RETURNS batonq.task_view
 LANGUAGE sql IMMUTABLE
 RETURN ROW(a.id, a.queue, a.state, a.priority, a.run_at, a.created_at, a.payload, a.attempts,
            a.max_attempts, a.idempotency_key, a.parent_id, a.root_id, a.fencing_token,
            NULL, a.claimed_at, a.worker, a.stage, a.last_error, a.errors,
-           a.result, a.finished_at)::batonq.task_view;
+           a.result, a.finished_at, a.group_key)::batonq.task_view;
 
 -- One task by id, hot or archived, with its attempt history (errors).
 CREATE OR REPLACE FUNCTION batonq.get_task(p_task_id bigint) RETURNS batonq.task_view
@@ -246,10 +246,10 @@ BEGIN
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, created_at, payload, attempts,
                               max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                              last_error, errors)
+                              last_error, errors, group_key)
     SELECT id, queue, 'pending', priority, now(), created_at, payload, 0,
            max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-           last_error, errors
+           last_error, errors, group_key
       FROM revived
     RETURNING * INTO v_task;
     IF v_task.id IS NULL THEN
@@ -277,6 +277,7 @@ BEGIN
     IF v_task.join_task_id IS NOT NULL THEN
         PERFORM batonq._on_dead(v_task.queue, ARRAY[v_task.id]);
     END IF;
+    PERFORM batonq._lease_ended(v_task.queue);
     RETURN batonq._archive_view(v_task);
 END $$;
 

@@ -149,6 +149,7 @@ BEGIN
     IF v_id IS NULL THEN
         RETURN batonq._refuse(v_ref, 'complete', p_result);
     END IF;
+    PERFORM batonq._lease_ended(v_ref.queue);
     -- The batons leave in the transaction that accepts the completion.
     IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_ref.queue) THEN
         PERFORM batonq._hand_off(v_ref.queue, ARRAY[v_id]);
@@ -227,6 +228,7 @@ BEGIN
                 v_done[v_ord] := true;
             END LOOP;
             v_accepted := v_accepted + cardinality(v_moved);
+            PERFORM batonq._lease_ended(v_queue);
             -- The batons leave in the transaction that accepts the completions.
             IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_queue) THEN
                 PERFORM batonq._hand_off(v_queue, v_moved_ids);
@@ -319,6 +321,9 @@ BEGIN
             PERFORM batonq._wake(v_ref.queue);  -- claimable again now
         END IF;
     END IF;
+    IF v_task.state = 'leased' AND (v_state = 'dead' OR v_delay_s > 0) THEN
+        PERFORM batonq._lease_ended(v_ref.queue);  -- (a retry due now woke them above)
+    END IF;
     INSERT INTO batonq.submits (task_id, queue, fencing_token, kind, outcome, state_after, body,
                                 lease_secret)
     VALUES (v_ref.task_id, v_ref.queue, v_ref.fencing_token, 'fail', 'accepted', v_state, p_error,
@@ -329,7 +334,8 @@ END $$;
 
 -- Extend a lease by p_lease_s (default: the claim's lease length) from now,
 -- and optionally set the task's stage text. A lease that ran out with nobody
--- claiming since is taken up again.
+-- claiming since is taken up again, if the queue's concurrency limits leave
+-- room for it (batonq._room_for: checked only then).
 CREATE OR REPLACE FUNCTION batonq.heartbeat(
     p_lease_token text,
     p_lease_s     integer DEFAULT NULL,
@@ -352,7 +358,7 @@ BEGIN
         stage = coalesce(p_stage, t.stage)
      WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
        AND t.fencing_token = v_ref.fencing_token AND t.lease_secret = v_ref.secret
-       AND t.state IN ('leased', 'pending')
+       AND (t.state = 'leased' OR t.state = 'pending' AND batonq._room_for(t.queue, t.group_key))
     RETURNING t.lease_expires_at INTO v_expires;
     IF NOT FOUND THEN
         RETURN batonq._refuse(v_ref, 'heartbeat', to_jsonb(p_stage));
