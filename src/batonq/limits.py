@@ -18,6 +18,7 @@ __all__ = [
     "MAX_BODY_BYTES",
     "MAX_CLAIM_TASKS",
     "MAX_DELAY_S",
+    "MAX_GROUP_LENGTH",
     "MAX_JSON_DEPTH",
     "MAX_LEASE_S",
     "MAX_LIST_ITEMS",
@@ -25,6 +26,7 @@ __all__ = [
     "MAX_PAGE",
     "MAX_QUEUES_PER_LIST",
     "MAX_QUEUE_BODY_BYTES",
+    "MAX_RATE_PERIOD_S",
     "MAX_WAIT_S",
     "MIN_LEASE_S",
     "QUEUE_NAME",
@@ -49,6 +51,10 @@ MAX_CLAIM_TASKS: Final = 10000
 """The most tasks one engine claim takes."""
 MAX_PAGE: Final = 1000
 """The most tasks one listing returns."""
+MAX_GROUP_LENGTH: Final = 128
+"""A task's group (``enqueue(group=...)``) is 1 to this many characters."""
+MAX_RATE_PERIOD_S: Final = 86400
+"""A queue's ``rate_period_s`` is above 0 and at most this (a day)."""
 
 MAX_BODY_BYTES: Final = 131072
 """A queue's default ``max_body_bytes`` (128 KiB): payload, result and error

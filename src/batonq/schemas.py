@@ -25,10 +25,11 @@ from batonq import models
 from batonq.limits import (
     MAX_ATTEMPTS,
     MAX_DELAY_S,
-    MAX_GROUP_CHARS,
+    MAX_GROUP_LENGTH,
     MAX_LEASE_S,
     MAX_LIST_ITEMS,
     MAX_QUEUE_BODY_BYTES,
+    MAX_RATE_PERIOD_S,
     MAX_WAIT_S,
     MIN_LEASE_S,
     QUEUE_NAME_PATTERN,
@@ -82,7 +83,7 @@ MaxTasks = Annotated[
 ]
 RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
 Limit = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
-RatePeriodS = Annotated[float, Field(gt=0, le=86400), _between(0, 86400)]
+RatePeriodS = Annotated[float, Field(gt=0, le=MAX_RATE_PERIOD_S), _between(0, MAX_RATE_PERIOD_S)]
 BodyBytes = Annotated[
     int, Field(ge=1, le=MAX_QUEUE_BODY_BYTES), _Integral, _between(1, MAX_QUEUE_BODY_BYTES)
 ]
@@ -149,7 +150,7 @@ class EnqueueIn(Strict):
     )
     keep: Literal["last", "first"] = Field("last", description="with debounce: the payload the task carries")
     group: str | None = Field(
-        None, min_length=1, max_length=MAX_GROUP_CHARS, examples=["customer-42"],
+        None, min_length=1, max_length=MAX_GROUP_LENGTH, examples=["customer-42"],
         description="the task's group (a customer id, say): the queue's group_max_leased caps each group",
     )  # fmt: skip
 

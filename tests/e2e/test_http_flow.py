@@ -15,7 +15,7 @@ import httpx
 from tests.e2e.conftest import KEEPALIVE_S
 from tests.e2e.live import LiveServer, Subscriber, claim, enqueue, problem
 
-from batonq.limits import MAX_GROUP_CHARS
+from batonq.limits import MAX_GROUP_LENGTH
 
 
 def test_schedules_are_added_listed_paused_and_removed_within_scopes(
@@ -156,7 +156,7 @@ def test_openapi_shows_the_limits_and_the_group(server: LiveServer) -> None:
     for model in ("EnqueueIn", "TaskOut", "ClaimedTask"):
         assert "group" in schemas[model]["properties"], model
     group = schemas["EnqueueIn"]["properties"]["group"]["anyOf"][0]
-    assert (group["minLength"], group["maxLength"]) == (1, MAX_GROUP_CHARS)
+    assert (group["minLength"], group["maxLength"]) == (1, MAX_GROUP_LENGTH)
 
 
 def test_the_dashboard_names_a_queues_limits_and_its_tasks_groups(

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from batonq.limits import MAX_GROUP_CHARS
+from batonq.limits import MAX_GROUP_LENGTH
 from batonq.models import JSON
 
 __all__ = ["BadLine", "Line", "batches", "read_lines"]
@@ -86,9 +86,9 @@ def parse_line(
     if not (_is_int(line_delay) or isinstance(line_delay, float)):
         raise BadLine(number, '"delay_s" must be a number of seconds')
     line_group = item.get("group", group)
-    valid_group = isinstance(line_group, str) and 1 <= len(line_group) <= MAX_GROUP_CHARS
+    valid_group = isinstance(line_group, str) and 1 <= len(line_group) <= MAX_GROUP_LENGTH
     if line_group is not None and not valid_group:
-        raise BadLine(number, f'"group" must be a string of 1-{MAX_GROUP_CHARS} characters, or null')
+        raise BadLine(number, f'"group" must be a string of 1-{MAX_GROUP_LENGTH} characters, or null')
     return Line(number, item["payload"], key, line_priority, float(line_delay), line_group, len(raw))
 
 

@@ -9,7 +9,7 @@ import click
 
 from batonq.cli.common import LIMIT, json_option, open_client
 from batonq.cli.output import echo_json, format_age, print_table
-from batonq.limits import MAX_LEASE_S, MAX_PAGE, MIN_LEASE_S
+from batonq.limits import MAX_LEASE_S, MAX_PAGE, MAX_RATE_PERIOD_S, MIN_LEASE_S
 from batonq.models import QueueConfig, QueueStats
 
 __all__ = ["audit", "queue", "queues"]
@@ -164,7 +164,8 @@ def queue() -> None:
     "--rate-limit", type=LIMIT, metavar="N", help="At most N claims per --rate-period (0 or none: no limit)."
 )
 @click.option(
-    "--rate-period", "rate_period_s", type=click.FloatRange(0, 86400, min_open=True), metavar="SECONDS",
+    "--rate-period", "rate_period_s", type=click.FloatRange(0, MAX_RATE_PERIOD_S, min_open=True),
+    metavar="SECONDS",
     help="The rate limit's period (default 1).",
 )  # fmt: skip
 @json_option

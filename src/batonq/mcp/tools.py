@@ -27,7 +27,7 @@ from batonq.access import queue_page, visible_task
 from batonq.limits import (
     MAX_ATTEMPTS,
     MAX_DELAY_S,
-    MAX_GROUP_CHARS,
+    MAX_GROUP_LENGTH,
     MAX_LEASE_S,
     MAX_PAGE,
     MAX_WAIT_S,
@@ -126,7 +126,7 @@ Group = Annotated[
     str | None,
     Field(
         min_length=1,
-        max_length=MAX_GROUP_CHARS,
+        max_length=MAX_GROUP_LENGTH,
         description="The task's group, e.g. a customer id: a queue with group_max_leased runs at most "
         "that many tasks of one group at once (see batonq_queues' settings).",
     ),
