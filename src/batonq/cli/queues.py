@@ -97,7 +97,8 @@ def _rate(config: QueueConfig) -> str:
 
 
 def _limits(config: QueueConfig) -> str:
-    """The limits set, in words: ``at most 3 leased, 1 per group, 20 claims per 1s``."""
+    """The limits set, in words: ``; at most 3 leased, 1 per group, 20 claims
+    per 1s``; nothing when there are none."""
     parts = []
     if config.max_leased is not None:
         parts.append(f"{config.max_leased} leased")
@@ -105,7 +106,7 @@ def _limits(config: QueueConfig) -> str:
         parts.append(f"{config.group_max_leased} per group")
     if config.rate_limit is not None:
         parts.append(f"{config.rate_limit} claims per {config.rate_period_s:g}s")
-    return f"at most {', '.join(parts)}" if parts else "no limits"
+    return f"; at most {', '.join(parts)}" if parts else ""
 
 
 def _echo_config(config: QueueConfig, as_json: bool) -> None:
@@ -115,7 +116,7 @@ def _echo_config(config: QueueConfig, as_json: bool) -> None:
     click.echo(
         f"{config.name}: {'paused' if config.paused else 'running'}, lease {config.lease_s}s,"
         f" max attempts {config.max_attempts}, backoff {config.backoff_base_s:g}s..{config.backoff_max_s:g}s,"
-        f" retention {config.retention_s}s, max body {config.max_body_bytes} bytes; {_limits(config)}"
+        f" retention {config.retention_s}s, max body {config.max_body_bytes} bytes{_limits(config)}"
     )
 
 

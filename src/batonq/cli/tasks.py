@@ -48,6 +48,8 @@ def tasks(ctx: click.Context, queue: str, state: str | None, limit: int, as_json
         for item in found:
             echo_json(item)
         return
+    # The group column appears when a task shown has a group.
+    grouped = any(t.group is not None for t in found)
     rows = [
         [
             tid(t.id),
@@ -55,14 +57,14 @@ def tasks(ctx: click.Context, queue: str, state: str | None, limit: int, as_json
             f"{t.attempts}/{t.max_attempts}",
             str(t.priority),
             format_age(age_since(t.created_at)),
-            t.group or "",
+            *([t.group or ""] if grouped else []),
             t.idempotency_key or "",
             truncate(first_line(t.last_error), 60),
         ]
         for t in found
     ]
     print_table(
-        ["id", "state", "attempts", "priority", "age", "group", "key", "last error"],
+        ["id", "state", "attempts", "priority", "age", *(["group"] if grouped else []), "key", "last error"],
         rows,
         right=frozenset({"attempts", "priority", "age"}),
     )

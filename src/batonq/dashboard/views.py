@@ -265,7 +265,8 @@ async def tasks_page(request: Request, session: Reader) -> Response:
     return _page(
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
-        tasks=found, limits=limits, problem=problem, now=datetime.now(UTC),
+        tasks=found, grouped=any(t.group is not None for t in found), limits=limits, problem=problem,
+        now=datetime.now(UTC),
         next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
     )  # fmt: skip
 
