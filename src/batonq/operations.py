@@ -334,9 +334,9 @@ def configure_queue(
         "SELECT * FROM batonq.configure_queue(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s, max_body_bytes,
          paused, max_leased, group_max_leased, rate_limit,
-         None if rate_period_s is None else float(rate_period_s), actor),  # fmt: skip
+         None if rate_period_s is None else float(rate_period_s), actor),
         _one(QueueConfig),
-    )
+    )  # fmt: skip
 
 
 def _operator(action: str) -> Callable[[int | str], Call[Task]]:

@@ -89,3 +89,37 @@ def test_claims_listings_and_waits_take_exactly_their_sizes(
         sql.execute("SELECT batonq.await_work(%s, %s)", (Q, limits.MAX_AWAIT_S + 0.5))
     assert refused.value.sqlstate == "BQ004"
     sql.execute("SELECT batonq.await_work(%s, %s)", (Q, limits.MAX_AWAIT_S))
+
+
+def test_group_length_and_rate_period_are_the_engines(
+    admin: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    assert _check_bounds(sql, "queues", "rate_period_s") == [0, limits.MAX_RATE_PERIOD_S]
+    longest = "g" * limits.MAX_GROUP_LENGTH
+    assert admin.enqueue(Q, {}, group=longest).created
+    assert admin.enqueue_many(Q, [{}], groups=[longest])[0].created
+    for group in ("", longest + "g"):
+        _refused(lambda group=group: admin.enqueue(Q, {}, group=group))
+        _refused(lambda group=group: admin.enqueue_many(Q, [{}, {}], groups=[None, group]))
+        _refused(lambda group=group: admin.enqueue(Q, {}, group=group, debounce_key="k", debounce_s=1))
+
+
+def test_configure_queue_refuses_bad_limits_saying_which(admin: batonq.Client) -> None:
+    refusals = [
+        ({"max_leased": -1}, "max_leased must be 1 or more, or 0 for no limit (got -1)"),
+        ({"group_max_leased": -2}, "group_max_leased must be 1 or more, or 0 for no limit (got -2)"),
+        ({"rate_limit": -3}, "rate_limit must be 1 or more, or 0 for no limit (got -3)"),
+        ({"rate_period_s": 0}, "rate_period_s must be above 0 and at most 86400"),
+        ({"rate_period_s": limits.MAX_RATE_PERIOD_S + 1}, "rate_period_s must be above 0 and at most 86400"),
+    ]
+    for settings, message in refusals:
+        with pytest.raises(batonq.InvalidArgument, match=re.escape(message)):
+            admin.configure_queue(Q, **settings)
+    config = admin.configure_queue(Q, max_leased=3, group_max_leased=1, rate_limit=20, rate_period_s=0.5)
+    limits_set = (config.max_leased, config.group_max_leased, config.rate_limit, config.rate_period_s)
+    assert limits_set == (3, 1, 20, 0.5)
+    config = admin.configure_queue(Q, lease_s=60)  # None keeps each limit
+    assert (config.max_leased, config.group_max_leased, config.rate_limit) == (3, 1, 20)
+    config = admin.configure_queue(Q, max_leased=0, group_max_leased=0, rate_limit=0)
+    assert (config.max_leased, config.group_max_leased, config.rate_limit) == (None, None, None)
+    assert config.rate_period_s == 0.5

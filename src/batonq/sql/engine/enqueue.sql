@@ -70,10 +70,14 @@ EXCEPTION WHEN check_violation THEN
 END $$;
 
 -- A task's group: NULL (none) or 1-128 characters.
+CREATE OR REPLACE FUNCTION batonq._valid_group(p_group text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN p_group IS NULL OR length(p_group) BETWEEN 1 AND 128;
+
 CREATE OR REPLACE FUNCTION batonq._check_group(p_group text) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF length(p_group) NOT BETWEEN 1 AND 128 THEN
+    IF NOT batonq._valid_group(p_group) THEN
         PERFORM batonq._invalid_argument(format('group must be 1-128 characters (got %s)', length(p_group)));
     END IF;
 END $$;
@@ -205,7 +209,7 @@ BEGIN
     END IF;
     PERFORM batonq._check_enqueue_args(0, 0, p_max_attempts);
     SELECT g.ord INTO v_bad FROM unnest(p_groups) WITH ORDINALITY AS g(name, ord)
-     WHERE length(g.name) NOT BETWEEN 1 AND 128 LIMIT 1;
+     WHERE NOT batonq._valid_group(g.name) LIMIT 1;
     IF v_bad IS NOT NULL THEN
         PERFORM batonq._check_group(p_groups[v_bad]);
     END IF;
