@@ -114,9 +114,10 @@ def test_sixteen_workers_never_lease_more_than_the_queues_limit(
     assert len(samples) > 100
     assert max(samples) == limit  # reached, never passed
     # The limit's capacity is limit / work_s tasks a second: the claims keep
-    # up with it (within a factor for a machine shared with other tests).
+    # up with it (0.77 of it measured on the loaded 2-core machine; a margin
+    # for a busier one).
     capacity_s = tasks * work_s / limit
-    assert capacity_s <= elapsed < 3 * capacity_s + 1, elapsed
+    assert capacity_s <= elapsed < 2.5 * capacity_s + 0.5, elapsed
 
 
 def test_a_busy_group_neither_exceeds_its_limit_nor_holds_the_others_back(
