@@ -55,10 +55,10 @@ BEGIN
     RETURN cardinality(v_ids);
 END $$;
 
--- Under a concurrency limit: the room a lease of p_group would take. Takes
--- the queue's limits lock (held to the end of the transaction), so the
--- count cannot go stale before the caller leases; the counts are statements
--- of their own, so they see what the lock's last holder committed.
+-- The lock that a limited queue's claims (and a heartbeat taking up a lapsed
+-- lease) queue on, held to the end of the transaction: what its holder
+-- counts stays true until it has leased. Count in statements after taking
+-- it, so they see what the lock's last holder committed.
 CREATE OR REPLACE FUNCTION batonq._limits_lock(p_queue text) RETURNS void
 LANGUAGE sql AS $$
     SELECT pg_advisory_xact_lock(hashtext('batonq.limits'), hashtext(p_queue));
@@ -85,9 +85,10 @@ BEGIN
                < v_queue.group_max_leased);
 END $$;
 
--- A lease of p_queue ended (complete, fail, cancel, expiry): under a
--- concurrency limit that frees room, so claimers waiting on a full queue
--- are woken (release and a retry due now wake every queue's anyway).
+-- A lease of p_queue ended (fail, cancel, expiry; complete looks with its
+-- other settings): under a concurrency limit that frees room, so claimers
+-- waiting on a full queue are woken (release and a retry due now wake
+-- every queue's anyway).
 CREATE OR REPLACE FUNCTION batonq._lease_ended(p_queue text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
