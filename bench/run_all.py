@@ -11,12 +11,13 @@ Runs, each on scratch databases of its own on the same server:
 4. ``bench_latency.py``  enqueue -> handler start at 100 tasks/s, vs raw LISTEN/NOTIFY
 5. ``bench_backlog.py``  claim latency against 1k..1M pending and 1M finished
 6. ``bench_graph.py``    a 3-step queue-graph pipeline vs the same tasks without edges
-7. ``bench_http.py``     claim + submit over HTTP vs the Python client
-8. ``bench_idle.py``     CPU of an idle ``batonq worker``
-9. ``bench_sustained.py`` 5 minutes of mixed load at W = 64: batonq vs a raw loop,
+7. ``bench_limits.py``   claim + complete with each flow-control limit on vs unlimited
+8. ``bench_http.py``     claim + submit over HTTP vs the Python client
+9. ``bench_idle.py``     CPU of an idle ``batonq worker``
+10. ``bench_sustained.py`` 5 minutes of mixed load at W = 64: batonq vs a raw loop,
                          a PgQ-style queue, PgQueuer, Procrastinate and pgmq, on a
                          private cluster of its own with autovacuum on
-10. ``plot.py``          PNG plots of the newest results
+11. ``plot.py``          PNG plots of the newest results
 
 Then ``compare.py`` sets each ratio of the results just written against the
 newest earlier result of the same kind in the results directory, and flags
@@ -50,7 +51,10 @@ from peer_venvs import ensure_peers
 
 BENCH = Path(__file__).resolve().parent
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
-STEPS = ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "sustained", "plot")
+STEPS = (
+    "userpath", "core", "workers", "latency", "backlog", "graph", "limits",
+    "http", "idle", "sustained", "plot",
+)  # fmt: skip
 
 
 def _stamp() -> str:
@@ -128,6 +132,9 @@ def commands(step: str, *, quick: bool, peers: bool, dsn: str, out: Path, img: P
                 *(["--quick"] if quick else []),
             ]
         ]
+    if step == "limits":
+        size = ["--quick"] if quick else []
+        return [[*py, str(BENCH / "bench_limits.py"), "--dsn", dsn, "--out", str(out), *size]]
     if step == "http":
         return [
             [

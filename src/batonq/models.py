@@ -264,13 +264,14 @@ class QueueConfig:
     max_body_bytes: int
     paused: bool
     created_at: datetime
-    max_leased: int | None
-    """At most this many of the queue's tasks leased at once (None: no limit)."""
-    group_max_leased: int | None
-    """At most this many leased per group."""
-    rate_limit: int | None
-    """At most this many claims per ``rate_period_s`` (a token bucket)."""
-    rate_period_s: float
+    max_leased: int | None = field(
+        metadata=shown("at most this many of the queue's tasks leased at once (all workers); null: no limit")
+    )
+    group_max_leased: int | None = field(
+        metadata=shown("at most this many tasks of one group leased at once; null: no limit")
+    )
+    rate_limit: int | None = field(metadata=shown("claims per rate_period_s (a token bucket); null: none"))
+    rate_period_s: float = field(metadata=shown("the rate limit's period in seconds"))
 
 
 @dataclass(frozen=True, slots=True)

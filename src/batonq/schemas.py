@@ -28,9 +28,11 @@ from batonq import models
 from batonq.limits import (
     MAX_ATTEMPTS,
     MAX_DELAY_S,
+    MAX_GROUP_LENGTH,
     MAX_LEASE_S,
     MAX_LIST_ITEMS,
     MAX_QUEUE_BODY_BYTES,
+    MAX_RATE_PERIOD_S,
     MAX_WAIT_S,
     MIN_LEASE_S,
     QUEUE_NAME_PATTERN,
@@ -83,6 +85,8 @@ MaxTasks = Annotated[
     int, Field(ge=1, json_schema_extra={"maximum": MAX_LIST_ITEMS}), _Integral, _between(1, MAX_LIST_ITEMS)
 ]
 RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
+Limit = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
+RatePeriodS = Annotated[float, Field(gt=0, le=MAX_RATE_PERIOD_S), _between(0, MAX_RATE_PERIOD_S)]
 BodyBytes = Annotated[
     int, Field(ge=1, le=MAX_QUEUE_BODY_BYTES), _Integral, _between(1, MAX_QUEUE_BODY_BYTES)
 ]
@@ -195,6 +199,10 @@ class EnqueueIn(Strict):
         None, gt=0, le=315360000, description="with debounce: run at the latest this long after the first"
     )
     keep: Literal["last", "first"] = Field("last", description="with debounce: the payload the task carries")
+    group: str | None = Field(
+        None, min_length=1, max_length=MAX_GROUP_LENGTH, examples=["customer-42"],
+        description="the task's group (a customer id, say): the queue's group_max_leased caps each group",
+    )  # fmt: skip
 
 
 class EnqueueOut(BaseModel):
@@ -259,6 +267,7 @@ class ClaimedTask(BaseModel):
     root_id: str
     created_at: datetime
     run_at: datetime
+    group: str | None
 
     @classmethod
     def of(cls, lease: models.Lease) -> ClaimedTask:
@@ -269,7 +278,7 @@ class ClaimedTask(BaseModel):
             attempt=lease.attempt, max_attempts=lease.max_attempts, queue=lease.queue,
             priority=lease.priority, idempotency_key=lease.idempotency_key,
             parent_id=tid(lease.parent_id), root_id=task_ref(lease.root_id),
-            created_at=lease.created_at, run_at=lease.run_at,
+            created_at=lease.created_at, run_at=lease.run_at, group=lease.group,
         )  # fmt: skip
 
 
@@ -488,6 +497,18 @@ class QueueSettingsIn(Strict):
     retention_s: RetentionS | None = None
     max_body_bytes: BodyBytes | None = None
     paused: bool | None = None
+    max_leased: Limit | None = Field(
+        None, description="at most this many of the queue's tasks leased at once (all workers); 0 removes it"
+    )
+    group_max_leased: Limit | None = Field(
+        None, description="at most this many tasks of one group leased at once; 0 removes it"
+    )
+    rate_limit: Limit | None = Field(
+        None, description="at most this many claims per rate_period_s; 0 removes it"
+    )
+    rate_period_s: RatePeriodS | None = Field(
+        None, description="the rate limit's period in seconds (default 1)"
+    )
 
 
 class QueueSettingsOut(Derived, of=models.QueueConfig):

@@ -1,9 +1,11 @@
-"""batonq schedule, enqueue --debounce, queues --settings and audit, run
-in-process with CliRunner against real PostgreSQL."""
+"""batonq schedule, enqueue --debounce and --group, queue configure's limits,
+queues --settings and audit, run in-process with CliRunner against real
+PostgreSQL."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -75,3 +77,42 @@ def test_queue_settings_and_audit(run: Run) -> None:
     [paused] = [line for line in audit.stdout.splitlines() if "paused False -> True" in line]
     assert "postgres  queue  shards" in paused
     assert "lease_s 300 -> 90" in audit.stdout
+
+
+def test_queue_limits_are_configured_shown_and_cleared(run: Run) -> None:
+    configured = run("queue", "configure", "mail", "--max-leased", "3", "--group-max-leased", "1",
+                     "--rate-limit", "20", "--rate-period", "2")  # fmt: skip
+    assert configured.exit_code == 0, configured.output
+    assert configured.stdout.rstrip().endswith("; at most 3 leased, 1 per group, 20 claims per 2s")
+    settings = run("queues", "--settings")
+    header, row = (next(line for line in settings.stdout.splitlines() if line.startswith(word))
+                   for word in ("queue", "mail"))  # fmt: skip
+    assert header.split()[-5:] == ["max", "leased", "group", "max", "rate"]
+    assert row.split()[-3:] == ["3", "1", "20/2s"]
+
+    cleared = run("queue", "configure", "mail", "--max-leased", "none", "--rate-limit", "0", "--json")
+    shown = json.loads(cleared.stdout)
+    assert (shown["max_leased"], shown["group_max_leased"], shown["rate_limit"]) == (None, 1, None)
+    none_left = run("queue", "configure", "mail", "--group-max-leased", "0")
+    assert none_left.stdout.rstrip().endswith(" max body 131072 bytes")  # no limits left
+    bad = run("queue", "configure", "mail", "--max-leased", "-1")
+    assert bad.exit_code == 2 and "'-1' is not a count from 0" in bad.output
+
+
+def test_a_group_is_given_at_enqueue_and_shown_on_the_task(run: Run, tmp_path: Path) -> None:
+    task = run("enqueue", "exports", '{"n": 1}', "--group", "acme").stdout.split()[0]
+    source = tmp_path / "tasks.jsonl"
+    source.write_text('{"payload": {"n": 2}, "group": "globex"}\n{"payload": {"n": 3}}\n')
+    imported = run("enqueue", "exports", "--from", str(source), "--group", "initech")
+    assert imported.stdout == "created 2, already there 0\n", imported.output
+
+    listed = run("tasks", "exports").stdout.splitlines()
+    assert listed[0].split()[:7] == ["id", "state", "attempts", "priority", "age", "group", "key"]
+    assert sorted(line.split()[5] for line in listed[1:]) == ["acme", "globex", "initech"]
+    assert "  group          acme\n" in run("task", task).stdout
+    assert json.loads(run("task", task, "--json").stdout)["group"] == "acme"
+
+    source.write_text('{"payload": {}, "group": 7}\n')
+    bad = run("enqueue", "exports", "--from", str(source))
+    assert bad.exit_code == 1
+    assert 'tasks.jsonl line 1: "group" must be a string of 1-' in bad.output

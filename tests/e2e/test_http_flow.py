@@ -1,10 +1,12 @@
 """Flow control over HTTP against a real ``batonq serve``: schedules (scoped
-like queues), debounced enqueue, the settings audit naming the API key, and
-pause stopping claims and long-polls at once."""
+like queues), debounced enqueue, the settings audit naming the API key,
+pause stopping claims and long-polls at once, the limits set and shown, and
+a task's group on every view of it."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any
@@ -12,6 +14,8 @@ from typing import Any
 import httpx
 from tests.e2e.conftest import KEEPALIVE_S
 from tests.e2e.live import LiveServer, Subscriber, claim, enqueue, problem
+
+from batonq.limits import MAX_GROUP_LENGTH
 
 
 def test_schedules_are_added_listed_paused_and_removed_within_scopes(
@@ -96,3 +100,81 @@ def test_the_stream_announces_no_work_in_a_paused_queue(server: LiveServer, http
         assert json.loads(announced.data) == {"queue": "sse:paused", "pending": 1}
     finally:
         subscriber.close()
+
+
+def test_limits_are_set_shown_and_removed_over_http(http: httpx.Client) -> None:
+    limits = {"max_leased": 3, "group_max_leased": 1, "rate_limit": 20, "rate_period_s": 2}
+    changed = http.patch("/v1/queues/shop:limited", json=limits)
+    assert changed.status_code == 200, changed.text
+    shown = http.get("/v1/queues/shop:limited/settings").json()
+    assert {k: shown[k] for k in limits} == limits
+    cleared = http.patch("/v1/queues/shop:limited", json={"max_leased": 0, "rate_limit": 0}).json()
+    assert (cleared["max_leased"], cleared["group_max_leased"], cleared["rate_limit"]) == (None, 1, None)
+    problem(http.patch("/v1/queues/shop:limited", json={"max_leased": -1}), 422, "invalid_request")
+    problem(http.patch("/v1/queues/shop:limited", json={"rate_period_s": 0}), 422, "invalid_request")
+    [change, *_] = http.get("/v1/audit", params={"kind": "queue", "name": "shop:limited"}).json()["entries"]
+    assert (change["before"]["max_leased"], change["after"]["max_leased"]) == (3, None)
+
+
+def test_a_group_travels_from_enqueue_to_every_view(server: LiveServer, http: httpx.Client) -> None:
+    http.patch("/v1/queues/shop:groups", json={"group_max_leased": 1})
+    one = enqueue(http, "shop:groups", {"n": 1}, group="acme", delay_seconds=0)  # a seeds' alias still works
+    many = http.post("/v1/enqueue", json=[
+        {"queue": "shop:groups", "payload": {"n": 2}, "group": "acme"},
+        {"queue": "shop:groups", "payload": {"n": 3}, "group": "globex", "delay_s": 0},
+        {"queue": "shop:groups", "payload": {"n": 4}},
+    ])  # fmt: skip
+    assert many.status_code == 200, many.text
+    ids = [one, *(t["task_id"] for t in many.json()["tasks"])]
+    assert http.get(f"/v1/tasks/{one}").json()["group"] == "acme"
+    listed = http.get("/v1/tasks", params={"queue": "shop:groups"}).json()["tasks"]
+    groups = ["acme", "acme", "globex", None]
+    assert {t["task_id"]: t["group"] for t in listed} == dict(zip(ids, groups, strict=True))
+    problem(http.post("/v1/enqueue", json={"queue": "q", "payload": 1, "group": ""}), 422, "invalid_request")
+
+    # One per group: acme's second task waits while its first is leased.
+    claimed = claim(http, "shop:groups", max_tasks=10)
+    assert sorted((t["row"]["n"], t["group"]) for t in claimed) == [(1, "acme"), (3, "globex"), (4, None)]
+    subscriber = Subscriber(server, server.admin_key, "/v1/stream?queue=shop:groups&claim=true&lease_s=60")
+    try:
+        subscriber.next(":", timeout=10, data="ready")
+        submitted = http.post("/v1/submit", json=[{"lease_token": t["lease_token"]} for t in claimed])
+        assert submitted.status_code == 200, submitted.text
+        task = json.loads(subscriber.next("task", timeout=10).data)
+    finally:
+        subscriber.close()
+    assert (task["task_id"], task["group"]) == (ids[1], "acme")
+
+
+def test_openapi_shows_the_limits_and_the_group(server: LiveServer) -> None:
+    with server.http() as anonymous:
+        schemas = anonymous.get("/openapi.json").json()["components"]["schemas"]
+    for model in ("QueueSettingsIn", "QueueSettingsOut"):
+        fields = schemas[model]["properties"]
+        assert {"max_leased", "group_max_leased", "rate_limit", "rate_period_s"} <= set(fields), model
+    assert "0 removes it" in schemas["QueueSettingsIn"]["properties"]["max_leased"]["description"]
+    for model in ("EnqueueIn", "TaskOut", "ClaimedTask"):
+        assert "group" in schemas[model]["properties"], model
+    group = schemas["EnqueueIn"]["properties"]["group"]["anyOf"][0]
+    assert (group["minLength"], group["maxLength"]) == (1, MAX_GROUP_LENGTH)
+
+
+def test_the_dashboard_names_a_queues_limits_and_its_tasks_groups(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    http.patch("/v1/queues/ui:limited", json={"max_leased": 2, "rate_limit": 5, "rate_period_s": 60})
+    enqueue(http, "ui:limited", {"n": 1}, group="acme")
+    enqueue(http, "ui:plain", {"n": 1})
+    with httpx.Client(base_url=server.url, timeout=30.0) as browser:
+        form = browser.get("/ui/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert token, form.text
+        signed = browser.post(
+            "/ui/login", data={"key": server.admin_key, "csrf": token[1]}, follow_redirects=True
+        )
+        assert signed.status_code == 200, signed.text
+        limited = browser.get("/ui/tasks", params={"queue": "ui:limited"}).text
+        plain = browser.get("/ui/tasks", params={"queue": "ui:plain"}).text
+    assert "Limits: at most 2 leased · 5 claims per 60 s" in limited
+    assert '<th scope="col">Group</th>' in limited and "<td>acme</td>" in limited
+    assert "Limits:" not in plain and "Group" not in plain  # no task of ui:plain has a group

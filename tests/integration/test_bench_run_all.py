@@ -16,7 +16,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def test_run_all_quick_writes_every_result_and_plot(server_dsn: str, tmp_path: Path) -> None:
     run_bench("run_all.py", "--quick", "--no-peers", "--dsn", server_dsn, "--out", str(tmp_path), timeout=600)
 
-    for kind in ("userpath", "core", "workers", "latency", "backlog", "graph", "http", "idle", "sustained"):
+    kinds = ("userpath", "core", "workers", "latency", "backlog", "graph", "limits", "http", "idle")
+    for kind in (*kinds, "sustained"):
         files = list(tmp_path.glob(f"{kind}-*.json"))
         assert len(files) == 1, (kind, sorted(p.name for p in tmp_path.iterdir()))
         assert json.loads(files[0].read_text()), kind

@@ -114,9 +114,10 @@ def test_sixteen_workers_never_lease_more_than_the_queues_limit(
     assert len(samples) > 100
     assert max(samples) == limit  # reached, never passed
     # The limit's capacity is limit / work_s tasks a second: the claims keep
-    # up with it (within a factor for a machine shared with other tests).
+    # up with it (0.77 of it measured on the loaded 2-core machine; a margin
+    # for a busier one).
     capacity_s = tasks * work_s / limit
-    assert capacity_s <= elapsed < 3 * capacity_s + 1, elapsed
+    assert capacity_s <= elapsed < 2.5 * capacity_s + 0.5, elapsed
 
 
 def test_a_busy_group_neither_exceeds_its_limit_nor_holds_the_others_back(
@@ -304,3 +305,23 @@ def test_a_lapsed_lease_is_taken_up_again_only_with_room_under_the_limit(
     client.complete(urgent.lease_token)
     assert client.heartbeat(lapsing.lease_token).accepted
     assert client.claim(Q) == []  # the limit is taken again
+
+
+def test_a_tasks_group_is_shown_on_the_task_and_its_lease_hot_and_archived(admin: batonq.Client) -> None:
+    one = admin.enqueue(Q, {"n": 1}, group="customer-7")
+    both = admin.enqueue_many(Q, [{"n": 2}, {"n": 3}], group="customer-8")
+    mixed = admin.enqueue_many(Q, [{"n": 4}, {"n": 5}], groups=["customer-9", None])
+    with pytest.raises(batonq.InvalidArgument, match="group or groups"):
+        admin.enqueue_many(Q, [{}], group="a", groups=["b"])
+    groups = {e.task_id: admin.task(e.task_id).group for e in [one, *both, *mixed]}
+    assert list(groups.values()) == ["customer-7", "customer-8", "customer-8", "customer-9", None]
+    leases = admin.claim(Q, max_tasks=5)
+    assert {lease.task_id: lease.group for lease in leases} == groups
+    admin.complete(leases[0].lease_token)
+    assert admin.task(leases[0].task_id).state == "done"
+    assert admin.task(leases[0].task_id).group == groups[leases[0].task_id]
+    # Debounced: the window's task takes the group with the payload it keeps.
+    first = admin.enqueue("limits:debounced", {"v": 1}, group="a", debounce_key="k", debounce_s=60)
+    admin.enqueue("limits:debounced", {"v": 2}, group="b", debounce_key="k", debounce_s=60)
+    task = admin.task(first.task_id)
+    assert (task.payload, task.group) == ({"v": 2}, "b")

@@ -85,3 +85,27 @@ def test_retention_drops_old_days_and_keeps_the_rest(
     # A retained key still answers with its task; a dropped one is free again.
     assert not client.enqueue("long", 1, idempotency_key="c").created
     assert client.enqueue("short", 1, idempotency_key="a").created
+
+
+def test_retention_prunes_debounce_windows_whose_task_finished(
+    client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    window = {"debounce_s": 0.01, "max_wait_s": 60}
+    finished = client.enqueue("digest", {"n": 1}, debounce_key="user-1", **window)
+    [lease] = client.claim("digest", wait_s=5)
+    client.complete(lease.lease_token)
+    open_ = client.enqueue("digest", {"n": 2}, debounce_key="user-2", debounce_s=60)
+    claimed = client.enqueue("digest", {"n": 3}, debounce_key="user-3", **window)
+    [held] = client.claim("digest", wait_s=5)
+    assert (lease.task_id, held.task_id) == (finished.task_id, claimed.task_id)
+
+    report = client.maintain()
+
+    assert report["debounces_deleted"] == 1
+    windows = sql.execute("SELECT key, task_id FROM batonq.debounces ORDER BY key").fetchall()
+    # The finished task's window goes; an open one and a leased task's stay.
+    assert windows == [("user-2", open_.task_id), ("user-3", claimed.task_id)]
+    # The key enqueues again as a new window.
+    again = client.enqueue("digest", {"n": 4}, debounce_key="user-1", debounce_s=60)
+    assert again.created and again.task_id != finished.task_id
+    assert client.maintain()["debounces_deleted"] == 0

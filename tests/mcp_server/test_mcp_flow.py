@@ -1,5 +1,6 @@
 """Flow control over MCP: batonq_schedule, debounce on batonq_enqueue, and
-settings and schedules in batonq_queues, and a paused queue's claims."""
+settings and schedules in batonq_queues, a paused queue's claims, and a
+task's group with the limits it counts against."""
 
 from __future__ import annotations
 
@@ -51,3 +52,24 @@ async def test_claim_gets_nothing_from_a_paused_queue(admin_dsn: str) -> None:
             assert (await call(session, "batonq_claim", queue="paused", wait_s=1))["task"] is None
             admin.resume("paused")
         assert (await call(session, "batonq_claim", queue="paused"))["task"]["row"] == {"n": 1}
+
+
+async def test_a_group_on_enqueue_and_the_limits_in_queues(admin_dsn: str) -> None:
+    with batonq.connect(admin_dsn) as admin:
+        admin.configure_queue("exports", group_max_leased=1, rate_limit=50, rate_period_s=10)
+    async with stdio_session(admin_dsn) as session:
+        made = await call(session, "batonq_enqueue", queue="exports", payload={"n": 1}, group="acme")
+        ran = await call(session, "batonq_run", queue="exports", payload={"n": 2}, group="acme")
+        assert ran["group"] == "acme"
+        listed = await call(session, "batonq_tasks", queue="exports")
+        assert {t["task_id"]: t["group"] for t in listed["tasks"]} == dict.fromkeys(
+            [made["task_id"], ran["task_id"]], "acme"
+        )
+        claimed = (await call(session, "batonq_claim", queue="exports"))["task"]
+        assert (claimed["task_id"], claimed["group"]) == (made["task_id"], "acme")
+        assert (await call(session, "batonq_claim", queue="exports"))["task"] is None  # acme is full
+        [settings] = [q for q in (await call(session, "batonq_queues"))["settings"] if q["name"] == "exports"]
+        limits = {k: settings[k] for k in ("max_leased", "group_max_leased", "rate_limit", "rate_period_s")}
+        assert limits == {"max_leased": None, "group_max_leased": 1, "rate_limit": 50, "rate_period_s": 10}
+        message = await refused(session, "batonq_enqueue", queue="exports", payload={}, group="")
+        assert "group" in message

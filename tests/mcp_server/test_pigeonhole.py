@@ -114,7 +114,7 @@ async def test_the_short_names_are_aliases(target: Target, sql: Sql) -> None:
         assert retrying["task_id"] == task["task_id"]
 
 
-ENQUEUE = "queue, payload, idempotency_key, priority, delay_seconds (or delay_s), max_attempts, parent"
+ENQUEUE = "queue, payload, idempotency_key, priority, delay_seconds (or delay_s), max_attempts, parent, group"
 DEBOUNCE = ", debounce_key, debounce_seconds (or debounce_s), max_wait_seconds (or max_wait_s), keep"
 TAKES = {
     "batonq_enqueue": ENQUEUE + DEBOUNCE,

@@ -238,6 +238,23 @@ async def test_job_handle_stage_children_and_lineage(client: batonq.Client, dsn:
         assert child.result == {"parent": root, "root": root}
 
 
+async def test_a_job_knows_its_group_and_hands_one_to_its_children(client: batonq.Client, dsn: str) -> None:
+    app = batonq.App()
+
+    @app.task("groups:parent")
+    def parent(job: batonq.Job) -> None:
+        job.enqueue_child("groups:child", {}, group=job.group)
+
+    @app.task("groups:child")
+    def child(job: batonq.Job) -> str | None:
+        return job.group
+
+    client.enqueue("groups:parent", {}, group="acme")
+    assert await worker(app, dsn, burst=True).run_async() == 0
+    [done] = client.tasks("groups:child")
+    assert (done.group, done.result) == ("acme", "acme")
+
+
 async def test_middleware_sees_every_job(client: batonq.Client, dsn: str) -> None:
     seen: list[tuple[str, ...]] = []
 

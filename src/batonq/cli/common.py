@@ -33,6 +33,7 @@ __all__ = [
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
     "JSON_VALUE",
+    "LIMIT",
     "TASK_ID",
     "BatonqGroup",
     "Failure",
@@ -217,5 +218,22 @@ class JsonValueType(click.ParamType[Any]):
         return parse_json(text, param.human_readable_name if param is not None else "value", ctx)
 
 
+class LimitType(click.ParamType[int]):
+    """A limit: a count from 1, or ``0``/``none`` for no limit (given as 0)."""
+
+    name = "limit"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "none":
+            return 0
+        if not text.isascii() or not text.isdigit() or int(text) > 2**31 - 1:
+            self.fail(f"{value!r} is not a count from 0 to {2**31 - 1}, or none", param, ctx)
+        return int(text)
+
+
 TASK_ID = TaskIdType()
 JSON_VALUE = JsonValueType()
+LIMIT = LimitType()

@@ -36,7 +36,7 @@ class Tally:
 
 
 @click.command(epilog="With --from, each line is {\"payload\": ..., \"key\": ..., \"priority\": ..., "
-               "\"delay_s\": ...}; only payload is required. See docs/cli.md.")  # fmt: skip
+               "\"delay_s\": ..., \"group\": ...}; only payload is required. See docs/cli.md.")  # fmt: skip
 @click.argument("queue")
 @click.argument("payload_json", type=JSON_VALUE, required=False)
 @click.option("--key", metavar="KEY", help="Idempotency key: enqueue once per key and queue.")
@@ -51,6 +51,8 @@ class Tally:
 )
 @click.option("--held", is_flag=True, help="Enqueue held: not claimable until `batonq release`.")
 @click.option("--parent", "parent_id", type=TASK_ID, help="The task this one is a child of.")
+@click.option("--group", metavar="GROUP",
+              help="The task's group (a customer id, say), for the queue's --group-max-leased.")  # fmt: skip
 @click.option("--debounce-key", metavar="KEY",
               help="Debounce: enqueues of KEY less than --debounce apart make one task.")  # fmt: skip
 @click.option("--debounce", "debounce_s", type=float, metavar="SECONDS",
@@ -83,6 +85,7 @@ def enqueue(
     max_attempts: int | None,
     held: bool,
     parent_id: int | None,
+    group: str | None,
     debounce_key: str | None,
     debounce_s: float | None,
     max_wait_s: float | None,
@@ -101,6 +104,7 @@ def enqueue(
     \b
     Examples:
       batonq enqueue shop:tasks '{"order": 17}' --key order-17
+      batonq enqueue mail '{"to": "ada@example.com"}' --group customer-42
       batonq enqueue digest '{"user": 7}' --debounce-key user-7 --debounce 30
       batonq enqueue shards --from shards.jsonl
     """
@@ -114,7 +118,7 @@ def enqueue(
             reply = client.enqueue(
                 queue, payload_json, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
                 idempotency_key=key, held=held, parent=parent_id, debounce_key=debounce_key,
-                debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep,
+                debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep, group=group,
             )  # fmt: skip
         if as_json:
             echo_json(reply)
@@ -127,7 +131,7 @@ def enqueue(
     if payload_json is not None or key is not None:
         usage_error("--from reads payloads and keys from the file: drop PAYLOAD_JSON and --key", ctx)
     prefix = _key_prefix(ctx, source, key_prefix, no_keys)
-    lines = read_lines(source, key_prefix=prefix, priority=priority, delay_s=delay_s)
+    lines = read_lines(source, key_prefix=prefix, priority=priority, delay_s=delay_s, group=group)
     with open_client(ctx) as client:
         tally = _import(
             client, queue, lines, _size(source), batch=batch, max_attempts=max_attempts,
@@ -201,6 +205,7 @@ def _import(
                         idempotency_keys=[line.key for line in chunk],
                         priorities=[line.priority for line in chunk],
                         delays_s=[line.delay_s for line in chunk],
+                        groups=[line.group for line in chunk],
                         max_attempts=max_attempts, held=held, parent=parent_id,
                     )  # fmt: skip
                 except BatonqError as error:

@@ -2,7 +2,7 @@
 
 Each non-blank line is one object::
 
-    {"payload": <any JSON>, "key": "shard-07", "priority": 5, "delay_s": 30}
+    {"payload": <any JSON>, "key": "shard-07", "priority": 5, "delay_s": 30, "group": "customer-42"}
 
 Only ``payload`` is required. A line without ``"key"`` gets the key
 ``<prefix>:<line number>`` (the prefix defaults to the file's name), so running
@@ -17,11 +17,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from batonq.limits import MAX_GROUP_LENGTH
 from batonq.models import JSON
 
 __all__ = ["BadLine", "Line", "batches", "read_lines"]
 
-FIELDS = frozenset({"payload", "key", "priority", "delay_s"})
+FIELDS = frozenset({"payload", "key", "priority", "delay_s", "group"})
 
 
 class BadLine(ValueError):
@@ -42,6 +43,7 @@ class Line:
     key: str | None
     priority: int
     delay_s: float
+    group: str | None
     size: int
 
 
@@ -50,12 +52,12 @@ def _is_int(value: Any) -> bool:
 
 
 def parse_line(
-    raw: bytes, number: int, *, key_prefix: str | None, priority: int, delay_s: float
+    raw: bytes, number: int, *, key_prefix: str | None, priority: int, delay_s: float, group: str | None
 ) -> Line | None:
     """The task on one line, None for a blank line; raises ``BadLine``.
 
-    ``key_prefix`` None means lines without "key" get no key; ``priority``
-    and ``delay_s`` are used where the line gives none.
+    ``key_prefix`` None means lines without "key" get no key; ``priority``,
+    ``delay_s`` and ``group`` are used where the line gives none.
     """
     try:
         text = raw.decode("utf-8").rstrip("\r\n")
@@ -71,7 +73,7 @@ def parse_line(
         raise BadLine(number, 'expected an object like {"payload": ...}')
     unknown = sorted(set(item) - FIELDS)
     if unknown:
-        raise BadLine(number, f"unknown field {unknown[0]!r} (fields: delay_s, key, payload, priority)")
+        raise BadLine(number, f"unknown field {unknown[0]!r} (fields: {', '.join(sorted(FIELDS))})")
     if "payload" not in item:
         raise BadLine(number, 'missing "payload"')
     key = item.get("key", f"{key_prefix}:{number}" if key_prefix is not None else None)
@@ -83,15 +85,26 @@ def parse_line(
     line_delay = item.get("delay_s", delay_s)
     if not (_is_int(line_delay) or isinstance(line_delay, float)):
         raise BadLine(number, '"delay_s" must be a number of seconds')
-    return Line(number, item["payload"], key, line_priority, float(line_delay), len(raw))
+    line_group = item.get("group", group)
+    valid_group = isinstance(line_group, str) and 1 <= len(line_group) <= MAX_GROUP_LENGTH
+    if line_group is not None and not valid_group:
+        raise BadLine(number, f'"group" must be a string of 1-{MAX_GROUP_LENGTH} characters, or null')
+    return Line(number, item["payload"], key, line_priority, float(line_delay), line_group, len(raw))
 
 
 def read_lines(
-    stream: IO[bytes], *, key_prefix: str | None, priority: int = 0, delay_s: float = 0.0
+    stream: IO[bytes],
+    *,
+    key_prefix: str | None,
+    priority: int = 0,
+    delay_s: float = 0.0,
+    group: str | None = None,
 ) -> Iterator[Line]:
     """The tasks of a stream, in order; raises ``BadLine`` at the first bad one."""
     for number, raw in enumerate(stream, start=1):
-        line = parse_line(raw, number, key_prefix=key_prefix, priority=priority, delay_s=delay_s)
+        line = parse_line(
+            raw, number, key_prefix=key_prefix, priority=priority, delay_s=delay_s, group=group
+        )
         if line is not None:
             yield line
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from batonq.cli.common import json_option, open_client
+from batonq.cli.common import LIMIT, json_option, open_client
 from batonq.cli.output import echo_json, format_age, print_table
-from batonq.limits import MAX_LEASE_S, MAX_PAGE, MIN_LEASE_S
+from batonq.limits import MAX_LEASE_S, MAX_PAGE, MAX_RATE_PERIOD_S, MIN_LEASE_S
 from batonq.models import QueueConfig, QueueStats
 
 __all__ = ["audit", "queue", "queues"]
@@ -76,13 +76,37 @@ def _settings(ctx: click.Context, as_json: bool) -> None:
         for config in configs:
             echo_json(config)
         return
-    columns = ["queue", "paused", "lease s", "max attempts", "backoff s", "retention s", "max body bytes"]
+    columns = ["queue", "paused", "lease s", "max attempts", "backoff s", "retention s", "max body bytes",
+               "max leased", "group max", "rate"]
     rows = [
         [c.name, "yes" if c.paused else "", str(c.lease_s), str(c.max_attempts),
-         f"{c.backoff_base_s:g}..{c.backoff_max_s:g}", str(c.retention_s), str(c.max_body_bytes)]
+         f"{c.backoff_base_s:g}..{c.backoff_max_s:g}", str(c.retention_s), str(c.max_body_bytes),
+         _limit(c.max_leased), _limit(c.group_max_leased), _rate(c)]
         for c in configs
     ]  # fmt: skip
     print_table(columns, rows, right=frozenset(columns[2:]))
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _rate(config: QueueConfig) -> str:
+    """``20/1s``: claims per period; ``-`` for none."""
+    return "-" if config.rate_limit is None else f"{config.rate_limit}/{config.rate_period_s:g}s"
+
+
+def _limits(config: QueueConfig) -> str:
+    """The limits set, in words: ``; at most 3 leased, 1 per group, 20 claims
+    per 1s``; nothing when there are none."""
+    parts = []
+    if config.max_leased is not None:
+        parts.append(f"{config.max_leased} leased")
+    if config.group_max_leased is not None:
+        parts.append(f"{config.group_max_leased} per group")
+    if config.rate_limit is not None:
+        parts.append(f"{config.rate_limit} claims per {config.rate_period_s:g}s")
+    return f"; at most {', '.join(parts)}" if parts else ""
 
 
 def _echo_config(config: QueueConfig, as_json: bool) -> None:
@@ -92,7 +116,7 @@ def _echo_config(config: QueueConfig, as_json: bool) -> None:
     click.echo(
         f"{config.name}: {'paused' if config.paused else 'running'}, lease {config.lease_s}s,"
         f" max attempts {config.max_attempts}, backoff {config.backoff_base_s:g}s..{config.backoff_max_s:g}s,"
-        f" retention {config.retention_s}s, max body {config.max_body_bytes} bytes"
+        f" retention {config.retention_s}s, max body {config.max_body_bytes} bytes{_limits(config)}"
     )
 
 
@@ -129,6 +153,22 @@ def queue() -> None:
 @click.option(
     "--max-body-bytes", type=int, metavar="BYTES", help="Largest payload, result or error, in bytes."
 )
+@click.option(
+    "--max-leased", type=LIMIT, metavar="N",
+    help="At most N tasks of the queue leased at once, by all workers (0 or none: no limit).",
+)  # fmt: skip
+@click.option(
+    "--group-max-leased", type=LIMIT, metavar="M",
+    help="At most M leased tasks per group (see enqueue --group; 0 or none: no limit).",
+)  # fmt: skip
+@click.option(
+    "--rate-limit", type=LIMIT, metavar="N", help="At most N claims per --rate-period (0 or none: no limit)."
+)
+@click.option(
+    "--rate-period", "rate_period_s", type=click.FloatRange(0, MAX_RATE_PERIOD_S, min_open=True),
+    metavar="SECONDS",
+    help="The rate limit's period (default 1).",
+)  # fmt: skip
 @json_option
 @click.pass_context
 def configure(
@@ -140,19 +180,32 @@ def configure(
     backoff_max_s: float | None,
     retention_s: int | None,
     max_body_bytes: int | None,
+    max_leased: int | None,
+    group_max_leased: int | None,
+    rate_limit: int | None,
+    rate_period_s: float | None,
     as_json: bool,
 ) -> None:
     """Create a queue or change its settings; print them. Unset options keep
     their value.
 
+    The limits hold across every worker and machine: the claim itself
+    skips a full group for the next eligible task, and claims nothing while
+    the queue is at --max-leased or out of rate.
+
     \b
-    Example:
+    Examples:
       batonq queue configure shards --lease 900 --max-attempts 5
+      batonq queue configure mail --max-leased 10 --group-max-leased 1
+      batonq queue configure api --rate-limit 20 --rate-period 1
+      batonq queue configure api --rate-limit none
     """
     with open_client(ctx) as client:
         config = client.configure_queue(
             name, lease_s=lease_s, max_attempts=max_attempts, backoff_base_s=backoff_base_s,
             backoff_max_s=backoff_max_s, retention_s=retention_s, max_body_bytes=max_body_bytes,
+            max_leased=max_leased, group_max_leased=group_max_leased, rate_limit=rate_limit,
+            rate_period_s=rate_period_s,
         )  # fmt: skip
     _echo_config(config, as_json)
 

@@ -48,6 +48,8 @@ def tasks(ctx: click.Context, queue: str, state: str | None, limit: int, as_json
         for item in found:
             echo_json(item)
         return
+    # The group column appears when a task shown has a group.
+    grouped = any(t.group is not None for t in found)
     rows = [
         [
             tid(t.id),
@@ -55,13 +57,14 @@ def tasks(ctx: click.Context, queue: str, state: str | None, limit: int, as_json
             f"{t.attempts}/{t.max_attempts}",
             str(t.priority),
             format_age(age_since(t.created_at)),
+            *([t.group or ""] if grouped else []),
             t.idempotency_key or "",
             truncate(first_line(t.last_error), 60),
         ]
         for t in found
     ]
     print_table(
-        ["id", "state", "attempts", "priority", "age", "key", "last error"],
+        ["id", "state", "attempts", "priority", "age", *(["group"] if grouped else []), "key", "last error"],
         rows,
         right=frozenset({"attempts", "priority", "age"}),
     )
@@ -80,6 +83,7 @@ def _details(t: Task) -> list[tuple[str, str]]:
         ("attempts", f"{t.attempts}/{t.max_attempts}"),
         ("priority", str(t.priority)),
         ("key", t.idempotency_key or ""),
+        ("group", t.group or ""),
         ("created", f"{when} ({format_age(age_since(t.created_at))} ago)"),
         ("run at", t.run_at.isoformat(timespec="seconds")),
         ("parent", tid(t.parent_id) if t.parent_id is not None else ""),

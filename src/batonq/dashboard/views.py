@@ -34,7 +34,7 @@ from batonq.dashboard.session import (
     sign_out,
     take_flash,
 )
-from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput, task_ref
+from batonq.models import TASK_STATES, Edge, QueueConfig, QueueStats, Task, Throughput, task_ref
 from batonq.rings import RINGS
 from batonq.schemas import RunOut
 from batonq.service.reads import LINEAGE_LIMIT
@@ -227,12 +227,27 @@ async def queue_rows(request: Request, session: Reader) -> Response:
 # -- tasks --------------------------------------------------------------------
 
 
+def _limits(config: QueueConfig | None) -> list[str]:
+    """The queue's limits in words, for the line under its tasks' heading."""
+    if config is None:
+        return []
+    shown = []
+    if config.max_leased is not None:
+        shown.append(f"at most {config.max_leased} leased")
+    if config.group_max_leased is not None:
+        shown.append(f"{config.group_max_leased} per group")
+    if config.rate_limit is not None:
+        shown.append(f"{config.rate_limit} claims per {config.rate_period_s:g} s")
+    return shown
+
+
 @router.get("/tasks")
 async def tasks_page(request: Request, session: Reader) -> Response:
     params = request.query_params
     queue, state = _text(params.get("queue")), _text(params.get("state"))
     key, worker, before = _text(params.get("key")), _text(params.get("worker")), _text(params.get("before"))
     found: list[Task] = []
+    limits: list[str] = []
     problem = None
     if queue is not None:
         if not session.covers(queue):
@@ -242,12 +257,16 @@ async def tasks_page(request: Request, session: Reader) -> Response:
                 found = await reader_of(request).find_tasks(
                     queue, state=state, idempotency_key=key, worker=worker, limit=PAGE, before_id=before
                 )
+                configs = await reader_of(request).queue_configs()
             except errors.BatonqError as error:
                 problem = error.message
+            else:
+                limits = _limits(next((c for c in configs if c.name == queue), None))
     return _page(
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
-        tasks=found, problem=problem, now=datetime.now(UTC),
+        tasks=found, grouped=any(t.group is not None for t in found), limits=limits, problem=problem,
+        now=datetime.now(UTC),
         next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
     )  # fmt: skip
 

@@ -27,6 +27,7 @@ from batonq.access import queue_page, visible_task
 from batonq.limits import (
     MAX_ATTEMPTS,
     MAX_DELAY_S,
+    MAX_GROUP_LENGTH,
     MAX_LEASE_S,
     MAX_PAGE,
     MAX_WAIT_S,
@@ -121,6 +122,15 @@ MaxWaitSeconds = Annotated[
         description="With debounce_key: run at the latest this long after the window's first enqueue.",
     ),
 ]
+Group = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=MAX_GROUP_LENGTH,
+        description="The task's group, e.g. a customer id: a queue with group_max_leased runs at most "
+        "that many tasks of one group at once (see batonq_queues' settings).",
+    ),
+]
 Keep = Annotated[
     Literal["last", "first"],
     Field(description="With debounce_key: the payload the task carries, the last enqueued or the first."),
@@ -150,6 +160,7 @@ class ClaimedTask(BaseModel):
     idempotency_key: str | None
     parent_id: str | None
     root_id: str
+    group: str | None
 
     @classmethod
     def of(cls, lease: Lease) -> ClaimedTask:
@@ -159,7 +170,7 @@ class ClaimedTask(BaseModel):
             lease_expires_at=lease.lease_expires_at, attempt=lease.attempt,
             max_attempts=lease.max_attempts, priority=lease.priority, row=lease.row,
             idempotency_key=lease.idempotency_key, parent_id=tid(lease.parent_id),
-            root_id=task_ref(lease.root_id),
+            root_id=task_ref(lease.root_id), group=lease.group,
         )  # fmt: skip
 
 
@@ -280,6 +291,7 @@ async def batonq_enqueue(
     delay_seconds: DelaySeconds = 0,
     max_attempts: MaxAttempts = None,
     parent: Parent = None,
+    group: Group = None,
     debounce_key: DebounceKey = None,
     debounce_seconds: DebounceSeconds = None,
     max_wait_seconds: MaxWaitSeconds = None,
@@ -288,7 +300,7 @@ async def batonq_enqueue(
     caller = caller_of(ctx)
     made = await _enqueue(
         caller, "batonq_enqueue", queue, payload, idempotency_key, priority, delay_seconds, max_attempts,
-        parent, debounce_key=debounce_key, debounce_s=debounce_seconds, max_wait_s=max_wait_seconds,
+        parent, group, debounce_key=debounce_key, debounce_s=debounce_seconds, max_wait_s=max_wait_seconds,
         keep=keep,
     )  # fmt: skip
     return EnqueueOut.of(made)
@@ -304,18 +316,19 @@ async def _enqueue(
     delay_seconds: float,
     max_attempts: int | None,
     parent: str | None,
+    group: str | None,
     **debounce: Any,
 ) -> Enqueued:
     caller.check_write(tool)
     caller.check_queue(queue)
-    _storable(payload=payload, idempotency_key=idempotency_key, parent=parent, **debounce)
+    _storable(payload=payload, idempotency_key=idempotency_key, parent=parent, group=group, **debounce)
     with _as_tool_errors():
         if parent is not None:
             await visible_task(caller.client, caller.access, parent)
         await caller.check_new_queue(queue)
         return await caller.client.enqueue(
             queue, payload, priority=priority, delay_s=delay_seconds, max_attempts=max_attempts,
-            idempotency_key=idempotency_key, parent=parent, **debounce,
+            idempotency_key=idempotency_key, parent=parent, group=group, **debounce,
         )  # fmt: skip
 
 
@@ -514,6 +527,7 @@ async def batonq_run(
     delay_seconds: DelaySeconds = 0,
     max_attempts: MaxAttempts = None,
     parent: Parent = None,
+    group: Group = None,
     wait_seconds: Annotated[
         float,
         Field(
@@ -527,7 +541,8 @@ async def batonq_run(
 ) -> TaskOut:
     caller = caller_of(ctx)
     made = await _enqueue(
-        caller, "batonq_run", queue, payload, idempotency_key, priority, delay_seconds, max_attempts, parent
+        caller, "batonq_run", queue, payload, idempotency_key, priority, delay_seconds, max_attempts, parent,
+        group,
     )
     with _as_tool_errors():
         task = await caller.client.task(made.task_id)
@@ -642,7 +657,8 @@ TOOLS: dict[str, ToolSpec] = {
         title="List queues",
         description=(
             "The queues you may use, by name, with their counts per state and the age of their oldest "
-            "claimable task, each queue's settings (paused, lease, attempts, backoff, retention) and the "
+            "claimable task, each queue's settings (paused, lease, attempts, backoff, retention, and "
+            "the limits: max_leased, group_max_leased, rate_limit per rate_period_s) and the "
             "cron schedules that enqueue into them: up to limit (100) queues at a time; pass next_cursor "
             "as cursor for the next page. Read-only."
         ),

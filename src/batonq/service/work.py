@@ -78,7 +78,7 @@ async def enqueue(
             body.queue, body.payload, priority=body.priority, delay_s=body.delay_s,
             max_attempts=body.max_attempts, idempotency_key=body.idempotency_key or idempotency_key,
             held=body.held, parent=body.parent, debounce_key=body.debounce_key, debounce_s=body.debounce_s,
-            max_wait_s=body.max_wait_s, keep=body.keep,
+            max_wait_s=body.max_wait_s, keep=body.keep, group=body.group,
         )  # fmt: skip
         return s.EnqueueOut.of(created)
     if any(item.debounce_key is not None or item.debounce_s is not None for item in items):
@@ -93,7 +93,8 @@ async def enqueue(
             done = await client.enqueue_many(
                 queue, [i.payload for i in part], idempotency_keys=[i.idempotency_key for i in part],
                 priorities=[i.priority for i in part], delays_s=[i.delay_s for i in part],
-                max_attempts=max_attempts, held=held, parent=parent, conn=conn,
+                groups=[i.group for i in part], max_attempts=max_attempts, held=held, parent=parent,
+                conn=conn,
             )  # fmt: skip
             for index, answer in zip(indexes, done, strict=True):
                 answers[index] = s.EnqueueOut.of(answer)

@@ -31,6 +31,8 @@ class BaseJob:
     - ``lease_lost`` is set when the worker learns the lease is gone (another
       holder has the task, it was cancelled, or the worker shut down and gave
       it back): stop working, your result will be refused.
+    - ``group``: the task's group (``None`` for none), what the queue's
+      ``group_max_leased`` counts.
     - ``context``: a dict for middleware (and handlers) to keep state per job.
     """
 
@@ -52,6 +54,7 @@ class BaseJob:
         self.parent_id = lease.parent_id
         self.root_id = lease.root_id
         self.priority = lease.priority
+        self.group = lease.group
         self.context: dict[str, Any] = {}
         self._client = client
         self._loop = loop

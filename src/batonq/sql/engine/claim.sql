@@ -55,10 +55,10 @@ BEGIN
     RETURN cardinality(v_ids);
 END $$;
 
--- Under a concurrency limit: the room a lease of p_group would take. Takes
--- the queue's limits lock (held to the end of the transaction), so the
--- count cannot go stale before the caller leases; the counts are statements
--- of their own, so they see what the lock's last holder committed.
+-- The lock that a limited queue's claims (and a heartbeat taking up a lapsed
+-- lease) queue on, held to the end of the transaction: what its holder
+-- counts stays true until it has leased. Count in statements after taking
+-- it, so they see what the lock's last holder committed.
 CREATE OR REPLACE FUNCTION batonq._limits_lock(p_queue text) RETURNS void
 LANGUAGE sql AS $$
     SELECT pg_advisory_xact_lock(hashtext('batonq.limits'), hashtext(p_queue));
@@ -85,9 +85,10 @@ BEGIN
                < v_queue.group_max_leased);
 END $$;
 
--- A lease of p_queue ended (complete, fail, cancel, expiry): under a
--- concurrency limit that frees room, so claimers waiting on a full queue
--- are woken (release and a retry due now wake every queue's anyway).
+-- A lease of p_queue ended (fail, cancel, expiry; complete looks with its
+-- other settings): under a concurrency limit that frees room, so claimers
+-- waiting on a full queue are woken (release and a retry due now wake
+-- every queue's anyway).
 CREATE OR REPLACE FUNCTION batonq._lease_ended(p_queue text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -172,6 +173,7 @@ DECLARE
     v_now     timestamptz;
     v_tokens  double precision;
     v_count   integer;
+    v_locked  boolean := false;
 BEGIN
     -- Arguments first, so a bad call fails the same on a queue that does not
     -- exist yet.
@@ -200,26 +202,38 @@ BEGIN
     END IF;
     IF v_queue.max_leased IS NOT NULL OR v_queue.group_max_leased IS NOT NULL
        OR v_queue.rate_limit IS NOT NULL THEN
-        PERFORM batonq._limits_lock(p_queue);
-        IF v_queue.max_leased IS NOT NULL THEN
-            v_take := least(v_take, v_queue.max_leased - (
-                SELECT count(*) FROM batonq.tasks WHERE queue = p_queue AND state = 'leased'));
-        END IF;
-        IF v_queue.rate_limit IS NOT NULL THEN
-            -- The bucket holds up to rate_limit tokens and gains rate_limit
-            -- per rate_period_s; the clock, not now(): this transaction may
-            -- have begun before the lock's last holder refilled it.
-            v_now := clock_timestamp();
-            v_tokens := coalesce(
-                (SELECT least(v_queue.rate_limit, b.tokens + greatest(extract(epoch FROM v_now - b.at), 0)
-                                                  * v_queue.rate_limit / v_queue.rate_period_s)
-                   FROM batonq.rate_buckets b WHERE b.queue = p_queue),
-                v_queue.rate_limit);
-            v_take := least(v_take, floor(v_tokens)::integer);
-        END IF;
-        IF v_take <= 0 THEN
-            RETURN;
-        END IF;
+        -- Looked at twice: first without the lock, so that the claimers a
+        -- lease's end wakes on a full queue (or an empty bucket) do not
+        -- queue on it only to find no room; then holding it. Room seen
+        -- without the lock may be gone, never the other way round: the lock's
+        -- holders only take room (the others give it back, and wake).
+        LOOP
+            v_take := p_max_tasks;
+            IF v_queue.max_leased IS NOT NULL THEN
+                v_take := least(v_take, v_queue.max_leased - (
+                    SELECT count(*) FROM batonq.tasks WHERE queue = p_queue AND state = 'leased'));
+            END IF;
+            IF v_queue.rate_limit IS NOT NULL THEN
+                -- The bucket holds up to rate_limit tokens and gains
+                -- rate_limit per rate_period_s; the clock, not now(): this
+                -- transaction may have begun before the lock's last holder
+                -- refilled it.
+                v_now := clock_timestamp();
+                v_tokens := coalesce(
+                    (SELECT least(v_queue.rate_limit,
+                                  b.tokens + greatest(extract(epoch FROM v_now - b.at), 0)
+                                             * v_queue.rate_limit / v_queue.rate_period_s)
+                       FROM batonq.rate_buckets b WHERE b.queue = p_queue),
+                    v_queue.rate_limit);
+                v_take := least(v_take, floor(v_tokens)::integer);
+            END IF;
+            IF v_take <= 0 THEN
+                RETURN;
+            END IF;
+            EXIT WHEN v_locked;
+            PERFORM batonq._limits_lock(p_queue);
+            v_locked := true;
+        END LOOP;
         IF v_queue.group_max_leased IS NOT NULL THEN
             v_ids := batonq._pick_in_groups(v_queue, v_take);
             v_take := 0;

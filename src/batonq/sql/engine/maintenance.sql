@@ -34,7 +34,8 @@ BEGIN
 END $$;
 
 -- Retention: finished tasks older than their queue's retention_s go, with
--- their submit records and idempotency keys. Whole day partitions older than
+-- their submit records and idempotency keys, and debounce windows whose task
+-- has finished. Whole day partitions older than
 -- the longest retention are dropped; queues that keep less lose their older
 -- rows by DELETE, p_batch at a time. Returns what it removed.
 CREATE OR REPLACE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
@@ -47,6 +48,7 @@ DECLARE
     v_dropped    integer := 0;
     v_rows       integer := 0;
     v_keys       integer := 0;
+    v_debounces  integer := 0;
 BEGIN
     FOR v_part IN
         SELECT c.relname
@@ -100,9 +102,24 @@ BEGIN
            AND NOT EXISTS (SELECT FROM batonq.archive a WHERE a.id = b2.parent_id)
          LIMIT p_batch));
 
+    -- A debounce window is open while its task waits in the hot table; once
+    -- the task has left it (finished), the key's next enqueue opens a new
+    -- window anyway, so the row is dead weight. The delete matches the row's
+    -- task_id as read: an enqueue that reopened the window meanwhile (a new
+    -- task_id) keeps its row.
+    WITH old AS (
+        SELECT d.queue, d.key, d.task_id FROM batonq.debounces d
+         WHERE NOT EXISTS (SELECT FROM batonq.tasks t WHERE t.queue = d.queue AND t.id = d.task_id)
+         LIMIT p_batch
+    )
+    DELETE FROM batonq.debounces d USING old
+     WHERE d.queue = old.queue AND d.key = old.key AND d.task_id = old.task_id;
+    GET DIAGNOSTICS v_debounces = ROW_COUNT;
+
     -- behind: a full batch was removed, so more may be due now.
     RETURN jsonb_build_object('partitions_dropped', v_dropped, 'archived_deleted', v_rows,
-                              'keys_deleted', v_keys, 'behind', v_rows = p_batch OR v_keys = p_batch);
+                              'keys_deleted', v_keys, 'debounces_deleted', v_debounces,
+                              'behind', v_rows = p_batch OR v_keys = p_batch OR v_debounces = p_batch);
 END $$;
 
 -- What the sweeper runs every minute or so.

@@ -116,12 +116,19 @@ BEGIN
     RETURN batonq._lease_token(v_queue, p_task_id, p_fencing_token, '00000000-0000-0000-0000-000000000000');
 END $$;
 
--- PL/pgSQL, not SQL: its plan is cached (a SQL function with a subquery is
--- planned at every call).
-CREATE OR REPLACE FUNCTION batonq._result_limit(p_queue text) RETURNS integer
+-- What a complete needs of its queue's settings, in one look: the limit of
+-- a result's size, and whether a concurrency limit waits for the lease to
+-- end (batonq._lease_ended). PL/pgSQL, not SQL: its plan is cached (a SQL
+-- function with a subquery is planned at every call).
+CREATE OR REPLACE FUNCTION batonq._submit_settings(p_queue text, OUT max_body_bytes integer,
+                                                   OUT lease_limited boolean)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN coalesce((SELECT max_body_bytes FROM batonq.queues WHERE name = p_queue), 131072);
+    SELECT q.max_body_bytes, q.max_leased IS NOT NULL OR q.group_max_leased IS NOT NULL
+      INTO max_body_bytes, lease_limited
+      FROM batonq.queues q WHERE q.name = p_queue;
+    max_body_bytes := coalesce(max_body_bytes, 131072);
+    lease_limited := coalesce(lease_limited, false);
 END $$;
 
 -- Complete a leased task with its result: it moves to the archive as done.
@@ -131,11 +138,12 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_ref    batonq.lease_ref := batonq._parse_token(p_lease_token);
-    v_id     bigint;
-    v_joined boolean;
+    v_ref      batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_settings record := batonq._submit_settings(v_ref.queue);
+    v_id       bigint;
+    v_joined   boolean;
 BEGIN
-    PERFORM batonq._check_json('result', p_result, batonq._result_limit(v_ref.queue));
+    PERFORM batonq._check_json('result', p_result, v_settings.max_body_bytes);
     WITH moved AS (
         DELETE FROM batonq.tasks t
          WHERE t.queue = v_ref.queue AND t.id = v_ref.task_id
@@ -149,7 +157,9 @@ BEGIN
     IF v_id IS NULL THEN
         RETURN batonq._refuse(v_ref, 'complete', p_result);
     END IF;
-    PERFORM batonq._lease_ended(v_ref.queue);
+    IF v_settings.lease_limited THEN
+        PERFORM batonq._wake(v_ref.queue);  -- room under the limit: see _lease_ended
+    END IF;
     -- The batons leave in the transaction that accepts the completion.
     IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_ref.queue) THEN
         PERFORM batonq._hand_off(v_ref.queue, ARRAY[v_id]);
@@ -180,6 +190,7 @@ DECLARE
     v_done      boolean[] := array_fill(false, ARRAY[v_n]);
     v_accepted  integer := 0;
     v_queue     text;
+    v_settings  record;
     v_limit     integer;
     v_bad       integer;
     v_moved     integer[];
@@ -193,7 +204,8 @@ BEGIN
     END IF;
 
     FOR v_queue IN SELECT DISTINCT r.queue FROM unnest(v_refs) AS r LOOP
-        v_limit := batonq._result_limit(v_queue);
+        v_settings := batonq._submit_settings(v_queue);
+        v_limit := v_settings.max_body_bytes;
         SELECT u.ord INTO v_bad
           FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord),
                LATERAL (SELECT u.res::text AS txt OFFSET 0) x  -- as in enqueue_many
@@ -228,7 +240,9 @@ BEGIN
                 v_done[v_ord] := true;
             END LOOP;
             v_accepted := v_accepted + cardinality(v_moved);
-            PERFORM batonq._lease_ended(v_queue);
+            IF v_settings.lease_limited THEN
+                PERFORM batonq._wake(v_queue);  -- room under the limit: see _lease_ended
+            END IF;
             -- The batons leave in the transaction that accepts the completions.
             IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_queue) THEN
                 PERFORM batonq._hand_off(v_queue, v_moved_ids);

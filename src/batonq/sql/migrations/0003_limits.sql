@@ -50,6 +50,9 @@ DROP FUNCTION IF EXISTS batonq.enqueue(text, jsonb, integer, double precision, i
 DROP FUNCTION IF EXISTS batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint);
 DROP FUNCTION IF EXISTS batonq.enqueue_debounced(text, text, jsonb, double precision, double precision, text, integer, integer);
 DROP FUNCTION IF EXISTS batonq.configure_queue_as(text, text, integer, integer, double precision, double precision, integer, integer, boolean);
+-- _result_limit became _submit_settings (the limit and whether the queue's
+-- concurrency is limited, in one look).
+DROP FUNCTION IF EXISTS batonq._result_limit(text);
 DROP FUNCTION IF EXISTS batonq.configure_queue(text, integer, integer, double precision, double precision, integer, integer, boolean);
 
 -- New tables grant nothing to PUBLIC: only the engine's functions touch them.
