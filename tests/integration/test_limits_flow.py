@@ -244,12 +244,9 @@ def test_a_long_poll_on_a_full_queue_wakes_when_a_lease_ends(
     assert returned - ended < 2.0  # woken: its own poll would come after 30 s
 
 
-@pytest.mark.direct
 def test_a_long_poll_on_an_empty_rate_bucket_wakes_when_a_token_is_due(
     admin: batonq.Client,
     client: batonq.Client,
-    dsn: str,
-    sql: psycopg.Connection[Any],
     long_poll: Callable[[float], tuple[threading.Thread, list[Any]]],
 ) -> None:
     admin.configure_queue(Q, rate_limit=1, rate_period_s=2)
