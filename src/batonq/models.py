@@ -271,6 +271,7 @@ class QueueConfig:
         metadata=shown("at most this many tasks of one group leased at once; null: no limit")
     )
     rate_limit: int | None = field(metadata=shown("claims per rate_period_s (a token bucket); null: none"))
+    group_rate_limit: int | None = field(metadata=shown("claims per rate_period_s per group; null: none"))
     rate_period_s: float = field(metadata=shown("the rate limit's period in seconds"))
 
 

@@ -346,13 +346,14 @@ def configure_queue(
     group_max_leased: int | None = None,
     rate_limit: int | None = None,
     rate_period_s: float | None = None,
+    group_rate_limit: int | None = None,
     actor: str | None = None,
 ) -> Call[QueueConfig]:
     return Call(
-        f"SELECT {_QUEUE_CONFIG} FROM batonq.configure_queue({', '.join(['%s'] * 13)})",
+        f"SELECT {_QUEUE_CONFIG} FROM batonq.configure_queue({', '.join(['%s'] * 14)})",
         (queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s, max_body_bytes,
          paused, max_leased, group_max_leased, rate_limit,
-         None if rate_period_s is None else float(rate_period_s), actor),
+         None if rate_period_s is None else float(rate_period_s), group_rate_limit, actor),
         _one(QueueConfig),
     )  # fmt: skip
 
