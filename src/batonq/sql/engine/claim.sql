@@ -122,7 +122,10 @@ DECLARE
     -- What a group without leases or a bucket row may take (least ignores
     -- a NULL: a limit not set).
     v_fresh  integer := least(p_queue.group_max_leased, p_queue.group_rate_limit);
-    v_room   jsonb;     -- what each group with leases or a bucket may take
+    -- What each group with leases or a bucket may take: the least of its
+    -- room under group_max_leased and its bucket's whole tokens (a rate
+    -- bucket not there is full).
+    v_room   jsonb;
     v_full   text[];
     v_ids    bigint[] := '{}';
     v_left   integer;
@@ -131,20 +134,22 @@ BEGIN
     SELECT coalesce(jsonb_object_agg(g.group_key, g.room), '{}'),
            coalesce(array_agg(g.group_key) FILTER (WHERE g.room < 1), '{}')
       INTO v_room, v_full
-      FROM (SELECT group_key,
-                   least(p_queue.group_max_leased - coalesce(l.n, 0),
-                         floor(coalesce(b.tokens, p_queue.group_rate_limit))::integer) AS room
-              FROM (SELECT group_key, count(*) AS n FROM batonq.tasks
+      FROM (SELECT r.group_key, min(r.room) AS room
+              FROM (SELECT group_key,
+                           least(p_queue.group_max_leased - count(*), p_queue.group_rate_limit) AS room
+                      FROM batonq.tasks
                      WHERE p_queue.group_max_leased IS NOT NULL
                        AND queue = p_queue.name AND state = 'leased' AND group_key IS NOT NULL
-                     GROUP BY group_key) l
-              FULL JOIN
-                   (SELECT group_key,
-                           batonq._bucket_tokens(tokens, at, clock_timestamp(), p_queue.group_rate_limit,
-                                                 p_queue.rate_period_s) AS tokens
+                     GROUP BY group_key
+                    UNION ALL
+                    SELECT group_key,
+                           least(floor(batonq._bucket_tokens(tokens, at, clock_timestamp(),
+                                                             p_queue.group_rate_limit,
+                                                             p_queue.rate_period_s))::integer,
+                                 p_queue.group_max_leased)
                       FROM batonq.group_rate_buckets
-                     WHERE p_queue.group_rate_limit IS NOT NULL AND queue = p_queue.name) b
-                   USING (group_key)) g;
+                     WHERE p_queue.group_rate_limit IS NOT NULL AND queue = p_queue.name) r
+             GROUP BY r.group_key) g;
     FOR v_task IN
         SELECT id, group_key FROM batonq.tasks
          WHERE queue = p_queue.name AND state = 'pending' AND run_at <= now()
