@@ -272,7 +272,7 @@ class QueueConfig:
     )
     rate_limit: int | None = field(metadata=shown("claims per rate_period_s (a token bucket); null: none"))
     group_rate_limit: int | None = field(metadata=shown("claims per rate_period_s per group; null: none"))
-    rate_period_s: float = field(metadata=shown("the rate limit's period in seconds"))
+    rate_period_s: float = field(metadata=shown("the rate limits' period in seconds"))
 
 
 @dataclass(frozen=True, slots=True)
