@@ -318,8 +318,8 @@ def test_the_maintenance_prunes_the_rate_buckets_of_groups_idle_for_a_period(
     admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
 ) -> None:
     """A claim makes a bucket per group it takes from (none for tasks
-    without a group); a bucket idle for a period is full again and goes."""
-    admin.configure_queue(Q, group_rate_limit=5, rate_period_s=1)
+    without a group); a bucket full again (here a second later) goes."""
+    admin.configure_queue(Q, group_rate_limit=1, rate_period_s=1)
     admin.enqueue_many(Q, [{"i": i} for i in range(3)], groups=["a", "b", None])
     assert len(client.claim(Q, max_tasks=3)) == 3
 

@@ -109,47 +109,40 @@ RETURN least(p_limit, p_tokens + greatest(extract(epoch FROM p_now - p_at), 0) *
 
 -- The ids a group-limited claim takes, up to p_n: in claim order, skipping
 -- the tasks of groups that are full (group_max_leased: with their leases
--- and the tasks taken before in this claim) or whose rate bucket is empty
+-- and the tasks taken before in this claim) or out of tokens
 -- (group_rate_limit: a token per task taken), so one busy group does not
 -- hold the others back. Tasks without a group count against the queue's
 -- limits only. The caller holds the queue's limits lock (and takes the
--- tokens once it has leased); the walk reads the claim index and stops
--- once it has p_n (a cursor fetches as it goes), but reads past the tasks
--- of full groups that come first.
+-- tokens once it has leased). It reads the queue's leases per group, its
+-- empty rate buckets (by index: not the groups with tokens left), and the
+-- bucket of each other group it meets; the walk reads the claim index and
+-- stops once it has p_n (a cursor fetches as it goes), but reads past the
+-- tasks of full groups that come first.
 CREATE OR REPLACE FUNCTION batonq._pick_in_groups(p_queue batonq.queues, p_n integer) RETURNS bigint[]
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    -- What a group without leases or a bucket row may take (least ignores
-    -- a NULL: a limit not set).
-    v_fresh  integer := least(p_queue.group_max_leased, p_queue.group_rate_limit);
-    -- What each group with leases or a bucket may take: the least of its
-    -- room under group_max_leased and its bucket's whole tokens (a rate
-    -- bucket not there is full).
-    v_room   jsonb;
+    v_now    timestamptz := clock_timestamp();
+    -- A group's bucket holds under one token while it is full later than
+    -- this (group_rate_limit - 1 tokens' time from now); NULL: no group rate.
+    v_empty  timestamptz := v_now + make_interval(
+                 secs => (p_queue.group_rate_limit - 1) * p_queue.rate_period_s / p_queue.group_rate_limit);
+    v_leased jsonb;             -- leases per group, under group_max_leased
+    v_room   jsonb := '{}';     -- what each group met may still take
     v_full   text[];
     v_ids    bigint[] := '{}';
     v_left   integer;
     v_task   record;
 BEGIN
-    SELECT coalesce(jsonb_object_agg(g.group_key, g.room), '{}'),
-           coalesce(array_agg(g.group_key) FILTER (WHERE g.room < 1), '{}')
-      INTO v_room, v_full
-      FROM (SELECT r.group_key, min(r.room) AS room
-              FROM (SELECT group_key,
-                           least(p_queue.group_max_leased - count(*), p_queue.group_rate_limit) AS room
-                      FROM batonq.tasks
-                     WHERE p_queue.group_max_leased IS NOT NULL
-                       AND queue = p_queue.name AND state = 'leased' AND group_key IS NOT NULL
-                     GROUP BY group_key
-                    UNION ALL
-                    SELECT group_key,
-                           least(floor(batonq._bucket_tokens(tokens, at, clock_timestamp(),
-                                                             p_queue.group_rate_limit,
-                                                             p_queue.rate_period_s))::integer,
-                                 p_queue.group_max_leased)
-                      FROM batonq.group_rate_buckets
-                     WHERE p_queue.group_rate_limit IS NOT NULL AND queue = p_queue.name) r
-             GROUP BY r.group_key) g;
+    SELECT coalesce(jsonb_object_agg(g.group_key, g.n), '{}'),
+           coalesce(array_agg(g.group_key) FILTER (WHERE g.n >= p_queue.group_max_leased), '{}')
+      INTO v_leased, v_full
+      FROM (SELECT group_key, count(*) AS n FROM batonq.tasks
+             WHERE p_queue.group_max_leased IS NOT NULL
+               AND queue = p_queue.name AND state = 'leased' AND group_key IS NOT NULL
+             GROUP BY group_key) g;
+    v_full := v_full || ARRAY(SELECT group_key FROM batonq.group_rate_buckets
+                               WHERE p_queue.group_rate_limit IS NOT NULL
+                                 AND queue = p_queue.name AND full_at > v_empty);
     FOR v_task IN
         SELECT id, group_key FROM batonq.tasks
          WHERE queue = p_queue.name AND state = 'pending' AND run_at <= now()
@@ -157,7 +150,19 @@ BEGIN
          ORDER BY priority DESC, run_at, id
     LOOP
         IF v_task.group_key IS NOT NULL THEN
-            v_left := coalesce((v_room ->> v_task.group_key)::integer, v_fresh);
+            v_left := v_room ->> v_task.group_key;
+            IF v_left IS NULL THEN
+                -- Its room under group_max_leased and its bucket's whole
+                -- tokens (least ignores a NULL: a limit not set; a bucket
+                -- not there is full).
+                v_left := least(
+                    p_queue.group_max_leased - coalesce((v_leased ->> v_task.group_key)::integer, 0),
+                    p_queue.group_rate_limit - coalesce(
+                        (SELECT ceil(greatest(extract(epoch FROM b.full_at - v_now), 0)
+                                     * p_queue.group_rate_limit / p_queue.rate_period_s)::integer
+                           FROM batonq.group_rate_buckets b
+                          WHERE b.queue = p_queue.name AND b.group_key = v_task.group_key), 0));
+            END IF;
             CONTINUE WHEN v_left < 1;
             v_room := jsonb_set(v_room, ARRAY[v_task.group_key], to_jsonb(v_left - 1));
         END IF;
@@ -305,22 +310,20 @@ BEGIN
         VALUES (p_queue, v_tokens - v_count, v_now)
         ON CONFLICT (queue) DO UPDATE SET tokens = excluded.tokens, at = excluded.at;
     END IF;
-    -- Each group claimed from gives a token per task. The walk's picks that
-    -- were leased are this claim's: only the lock's holder leases them. A
-    -- new row starts full (group_rate_limit) less those; a row there is
-    -- refilled to now first (excluded.tokens carries the limit less the
-    -- count).
+    -- Each group claimed from gives a token per task: its bucket is full
+    -- again rate_period_s / group_rate_limit later per token (from now, if
+    -- it was full). The walk's picks that were leased are this claim's:
+    -- only the lock's holder leases them.
     IF v_queue.group_rate_limit IS NOT NULL AND cardinality(v_ids) > 0 THEN
-        INSERT INTO batonq.group_rate_buckets AS b (queue, group_key, tokens, at)
-        SELECT p_queue, t.group_key, v_queue.group_rate_limit - count(*), clock_timestamp()
+        v_now := clock_timestamp();
+        INSERT INTO batonq.group_rate_buckets AS b (queue, group_key, full_at)
+        SELECT p_queue, t.group_key,
+               v_now + make_interval(secs => count(*) * v_queue.rate_period_s / v_queue.group_rate_limit)
           FROM batonq.tasks t
          WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased' AND t.group_key IS NOT NULL
          GROUP BY t.group_key
         ON CONFLICT (queue, group_key) DO UPDATE SET
-            tokens = batonq._bucket_tokens(b.tokens, b.at, excluded.at, v_queue.group_rate_limit,
-                                           v_queue.rate_period_s)
-                     - (v_queue.group_rate_limit - excluded.tokens),
-            at = excluded.at;
+            full_at = excluded.full_at + greatest(b.full_at - v_now, interval '0');
     END IF;
 END $$;
 
@@ -329,9 +332,8 @@ END $$;
 -- buckets that are empty while their group has tasks due (the claim skipped
 -- those); 0 when nothing waits on a token or the queue has no rate limits.
 -- A claimer that found nothing sleeps this long (at most) instead of
--- polling an empty bucket. The group look reads the queue's bucket rows
--- (the groups claimed from lately) and, for the empty ones, the claim index
--- until a due task of that group.
+-- polling an empty bucket. The group look reads the queue's empty buckets
+-- by index and, for each, the claim index until a due task of its group.
 CREATE OR REPLACE FUNCTION batonq.rate_wait_s(p_queue text) RETURNS double precision
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
@@ -340,13 +342,14 @@ BEGIN ATOMIC
                                                            q.rate_limit, q.rate_period_s))
                                 * q.rate_period_s / q.rate_limit
                            FROM batonq.rate_buckets b WHERE b.queue = q.name AND q.rate_limit IS NOT NULL), 0),
-               coalesce((SELECT min((1 - batonq._bucket_tokens(g.tokens, g.at, clock_timestamp(),
-                                                               q.group_rate_limit, q.rate_period_s))
-                                    * q.rate_period_s / q.group_rate_limit)
+               -- A group's bucket holds a token again once it is full within
+               -- group_rate_limit - 1 tokens' time.
+               coalesce((SELECT extract(epoch FROM min(g.full_at) - clock_timestamp())
+                                - (q.group_rate_limit - 1) * q.rate_period_s / q.group_rate_limit
                            FROM batonq.group_rate_buckets g
                           WHERE g.queue = q.name AND q.group_rate_limit IS NOT NULL
-                            AND batonq._bucket_tokens(g.tokens, g.at, clock_timestamp(),
-                                                      q.group_rate_limit, q.rate_period_s) < 1
+                            AND g.full_at > clock_timestamp() + make_interval(
+                                    secs => (q.group_rate_limit - 1) * q.rate_period_s / q.group_rate_limit)
                             AND EXISTS (SELECT FROM batonq.tasks t
                                          WHERE t.queue = q.name AND t.state = 'pending'
                                            AND t.run_at <= now() AND t.group_key = g.group_key)), 0),

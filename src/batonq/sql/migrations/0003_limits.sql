@@ -43,20 +43,26 @@ CREATE TABLE batonq.rate_buckets (
     at      timestamptz NOT NULL
 );
 
--- Each group's token bucket in a queue with group_rate_limit. A table apart
+-- Each group's token bucket in a queue with group_rate_limit, kept as one
+-- time: "full_at", when the bucket is full again (each token taken moves it
+-- rate_period_s / group_rate_limit later; engine/claim.sql). A table apart
 -- from rate_buckets, not a wider one: the queue's bucket is one row read by
 -- its key on every claim, and a group column in its key would need a
 -- stand-in for "the whole queue". A missing row is a full bucket: a claim
 -- makes the rows of the groups it takes from, and the maintenance removes
--- those idle for a period (full again), so the table holds the groups
--- claimed from lately, not every group ever seen.
+-- the full ones (full_at passed), so the table holds the groups claimed from
+-- lately, not every group ever seen.
 CREATE TABLE batonq.group_rate_buckets (
     queue      text NOT NULL,
     group_key  text NOT NULL,
-    tokens     double precision NOT NULL,
-    at         timestamptz NOT NULL,
+    full_at    timestamptz NOT NULL,
     PRIMARY KEY (queue, group_key)
 );
+
+-- The empty buckets of a queue are those full latest (full_at beyond
+-- now + (group_rate_limit - 1) tokens' time): a claim skips their groups
+-- and rate_wait_s reads their soonest token, without reading the others.
+CREATE INDEX group_rate_buckets_full_at_idx ON batonq.group_rate_buckets (queue, full_at);
 
 ALTER TYPE batonq.task_view ADD ATTRIBUTE "group" text;
 ALTER TYPE batonq.lease ADD ATTRIBUTE "group" text;
