@@ -407,8 +407,9 @@ class AsyncClient:
         return self._listener.watch(queue, self.await_work)
 
     async def rate_wait(self, queues: Sequence[str]) -> float:
-        """Seconds until the first of ``queues`` held back by its rate limit
-        has a token again (0: none is held back)."""
+        """Seconds until the first of ``queues`` held back by a rate limit
+        (its own, or its groups' with tasks due) has a token again (0: none
+        is held back)."""
         return await self._run(operations.rate_wait(queues))
 
     async def await_work(self, queue: str, for_s: float) -> bool:

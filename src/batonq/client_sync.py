@@ -405,8 +405,9 @@ class Client:
         return self._listener.watch(queue, self.await_work)
 
     def rate_wait(self, queues: Sequence[str]) -> float:
-        """Seconds until the first of ``queues`` held back by its rate limit
-        has a token again (0: none is held back)."""
+        """Seconds until the first of ``queues`` held back by a rate limit
+        (its own, or its groups' with tasks due) has a token again (0: none
+        is held back)."""
         return self._run(operations.rate_wait(queues))
 
     def await_work(self, queue: str, for_s: float) -> bool:
