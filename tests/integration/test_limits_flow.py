@@ -334,13 +334,14 @@ def test_the_maintenance_prunes_the_rate_buckets_of_groups_idle_for_a_period(
     assert buckets() == []
 
 
+@pytest.mark.parametrize("limit", ["rate_limit", "group_rate_limit"])
 async def test_a_worker_held_back_by_the_rate_limit_sleeps_only_until_the_next_token(
-    admin: batonq.Client, dsn: str
+    admin: batonq.Client, dsn: str, limit: str
 ) -> None:
-    """Its idle wait is 30 s; the rate's tokens come every 0.1 s, and it
-    takes each one about when it is due."""
-    admin.configure_queue(Q, rate_limit=10, rate_period_s=1)
-    admin.enqueue_many(Q, [{"i": i} for i in range(25)])
+    """Its idle wait is 30 s; the rate's tokens (the queue's, or the one
+    group's) come every 0.1 s, and it takes each one about when it is due."""
+    admin.configure_queue(Q, rate_period_s=1, **{limit: 10})
+    admin.enqueue_many(Q, [{"i": i} for i in range(25)], group="acme")
     app = batonq.App()
 
     @app.task(Q)
