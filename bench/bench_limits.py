@@ -2,14 +2,15 @@
 """Flow control's cost: claim + complete throughput with each limit on, against the same queue unlimited.
 
 On a scratch database it creates (``batonq_bench_<pid>``, batonq.benchmark's
-``scratch_database``; dropped afterwards unless ``--keep``), four queues, one
+``scratch_database``; dropped afterwards unless ``--keep``), five queues, one
 per setting, each limit set high enough never to bind, so what is measured
 is what checking it costs a claim:
 
 - ``unlimited``: no limit;
 - ``max_leased``: ``max_leased`` 1,000,000;
 - ``group_max_leased``: ``group_max_leased`` 1,000,000;
-- ``rate_limit``: ``rate_limit`` 1,000,000,000 per second.
+- ``rate_limit``: ``rate_limit`` 1,000,000,000 per second;
+- ``group_rate_limit``: ``group_rate_limit`` 1,000,000,000 per second.
 
 Every queue gets the same tasks: ``--tasks`` N, each with a ``group`` out of
 ``--groups`` (round robin), so the rows are alike and only the setting
@@ -28,7 +29,7 @@ the spread.
 
 Usage::
 
-    .venv/bin/python bench/bench_limits.py             # 5 rounds x 4 settings x 5,000 tasks (~1-2 min)
+    .venv/bin/python bench/bench_limits.py             # 5 rounds x 5 settings x 5,000 tasks (~1-2 min)
     .venv/bin/python bench/bench_limits.py --quick     # smoke: 1 round, 300 tasks
     .venv/bin/python bench/bench_limits.py --rounds 9 --tasks 20000 --batch 1 --connections 2
 
@@ -64,6 +65,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "max_leased": {"max_leased": HIGH},
     "group_max_leased": {"group_max_leased": HIGH},
     "rate_limit": {"rate_limit": 1000 * HIGH, "rate_period_s": 1.0},
+    "group_rate_limit": {"group_rate_limit": 1000 * HIGH, "rate_period_s": 1.0},
 }
 RESULT = {"ok": True}
 TABLES = ("batonq.tasks", "batonq.archive", "batonq.submits", "batonq.idempotency_keys")

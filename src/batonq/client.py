@@ -407,8 +407,9 @@ class AsyncClient:
         return self._listener.watch(queue, self.await_work)
 
     async def rate_wait(self, queues: Sequence[str]) -> float:
-        """Seconds until the first of ``queues`` held back by its rate limit
-        has a token again (0: none is held back)."""
+        """Seconds until the first of ``queues`` held back by a rate limit
+        (its own, or its groups' with tasks due) has a token again (0: none
+        is held back)."""
         return await self._run(operations.rate_wait(queues))
 
     async def await_work(self, queue: str, for_s: float) -> bool:
@@ -551,14 +552,16 @@ class AsyncClient:
         group_max_leased: int | None = None,
         rate_limit: int | None = None,
         rate_period_s: float | None = None,
+        group_rate_limit: int | None = None,
         actor: str | None = None,
     ) -> QueueConfig:
         """Create a queue or change its settings; None keeps a setting.
 
         Limits, held by the engine across all workers: ``max_leased`` tasks
         leased at once, ``group_max_leased`` per group (see ``enqueue``'s
-        ``group``), ``rate_limit`` claims per ``rate_period_s`` (default 1).
-        0 removes a limit.
+        ``group``), ``rate_limit`` claims per ``rate_period_s`` (default 1),
+        ``group_rate_limit`` claims per ``rate_period_s`` per group. 0
+        removes a limit.
 
         ``actor`` names who asks in the settings audit (a service passes its
         caller's API key); by default the database role."""
@@ -567,7 +570,7 @@ class AsyncClient:
             backoff_max_s=backoff_max_s, retention_s=retention_s,
             max_body_bytes=max_body_bytes, paused=paused, max_leased=max_leased,
             group_max_leased=group_max_leased, rate_limit=rate_limit,
-            rate_period_s=rate_period_s, actor=actor,
+            rate_period_s=rate_period_s, group_rate_limit=group_rate_limit, actor=actor,
         )  # fmt: skip
         return await self._run(call)
 

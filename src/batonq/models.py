@@ -271,7 +271,8 @@ class QueueConfig:
         metadata=shown("at most this many tasks of one group leased at once; null: no limit")
     )
     rate_limit: int | None = field(metadata=shown("claims per rate_period_s (a token bucket); null: none"))
-    rate_period_s: float = field(metadata=shown("the rate limit's period in seconds"))
+    group_rate_limit: int | None = field(metadata=shown("claims per rate_period_s per group; null: none"))
+    rate_period_s: float = field(metadata=shown("the rate limits' period in seconds"))
 
 
 @dataclass(frozen=True, slots=True)

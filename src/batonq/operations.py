@@ -197,8 +197,9 @@ def claim_or_rate_wait(
     key_id: int | None = None,
 ) -> Call[tuple[list[Lease], float]]:
     """A long-poll's look: ``claim``, and when it took nothing, in the same
-    round trip, the seconds until the queue's rate limit has a token again
-    (``batonq.rate_wait_s``; 0 when no rate limit held it back)."""
+    round trip, the seconds until the queue's rate limits have a token again
+    (the queue's, or the soonest of the groups out of tokens with tasks due:
+    ``batonq.rate_wait_s``; 0 when no rate limit held it back)."""
 
     def parse(rows: Rows) -> tuple[list[Lease], float]:
         if len(rows) == 1 and rows[0][0] is None:
@@ -225,8 +226,8 @@ def lease_tokens_for_key(leases: Sequence[tuple[int | str, int]], key_id: int) -
 
 
 def rate_wait(queues: Sequence[str]) -> Call[float]:
-    """Seconds until the first of ``queues`` whose rate bucket is empty has
-    a token again; 0 when none is held back by its rate limit."""
+    """Seconds until the first of ``queues`` held back by a rate limit (its
+    own, or its groups') has a token again; 0 when none is held back."""
     return Call(
         "SELECT coalesce(min(w) FILTER (WHERE w > 0), 0)"
         " FROM unnest(%s::text[]) AS q, batonq.rate_wait_s(q) AS w",
@@ -346,13 +347,14 @@ def configure_queue(
     group_max_leased: int | None = None,
     rate_limit: int | None = None,
     rate_period_s: float | None = None,
+    group_rate_limit: int | None = None,
     actor: str | None = None,
 ) -> Call[QueueConfig]:
     return Call(
-        f"SELECT {_QUEUE_CONFIG} FROM batonq.configure_queue({', '.join(['%s'] * 13)})",
+        f"SELECT {_QUEUE_CONFIG} FROM batonq.configure_queue({', '.join(['%s'] * 14)})",
         (queue, lease_s, max_attempts, backoff_base_s, backoff_max_s, retention_s, max_body_bytes,
          paused, max_leased, group_max_leased, rate_limit,
-         None if rate_period_s is None else float(rate_period_s), actor),
+         None if rate_period_s is None else float(rate_period_s), group_rate_limit, actor),
         _one(QueueConfig),
     )  # fmt: skip
 

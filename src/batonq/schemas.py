@@ -506,8 +506,11 @@ class QueueSettingsIn(Strict):
     rate_limit: Limit | None = Field(
         None, description="at most this many claims per rate_period_s; 0 removes it"
     )
+    group_rate_limit: Limit | None = Field(
+        None, description="at most this many claims per rate_period_s for each group; 0 removes it"
+    )
     rate_period_s: RatePeriodS | None = Field(
-        None, description="the rate limit's period in seconds (default 1)"
+        None, description="the rate limits' period in seconds (default 1)"
     )
 
 

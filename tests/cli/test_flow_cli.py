@@ -81,18 +81,21 @@ def test_queue_settings_and_audit(run: Run) -> None:
 
 def test_queue_limits_are_configured_shown_and_cleared(run: Run) -> None:
     configured = run("queue", "configure", "mail", "--max-leased", "3", "--group-max-leased", "1",
-                     "--rate-limit", "20", "--rate-period", "2")  # fmt: skip
+                     "--rate-limit", "20", "--group-rate-limit", "5", "--rate-period", "2")  # fmt: skip
     assert configured.exit_code == 0, configured.output
-    assert configured.stdout.rstrip().endswith("; at most 3 leased, 1 per group, 20 claims per 2s")
+    limits = "; at most 3 leased, 1 per group, 20 claims per 2s, 5 claims per 2s per group"
+    assert configured.stdout.rstrip().endswith(limits)
     settings = run("queues", "--settings")
     header, row = (next(line for line in settings.stdout.splitlines() if line.startswith(word))
                    for word in ("queue", "mail"))  # fmt: skip
-    assert header.split()[-5:] == ["max", "leased", "group", "max", "rate"]
-    assert row.split()[-3:] == ["3", "1", "20/2s"]
+    assert header.split()[-7:] == ["max", "leased", "group", "max", "rate", "group", "rate"]
+    assert row.split()[-4:] == ["3", "1", "20/2s", "5/2s"]
 
-    cleared = run("queue", "configure", "mail", "--max-leased", "none", "--rate-limit", "0", "--json")
+    cleared = run("queue", "configure", "mail", "--max-leased", "none", "--rate-limit", "0",
+                  "--group-rate-limit", "none", "--json")  # fmt: skip
     shown = json.loads(cleared.stdout)
-    assert (shown["max_leased"], shown["group_max_leased"], shown["rate_limit"]) == (None, 1, None)
+    names = ("max_leased", "group_max_leased", "rate_limit", "group_rate_limit")
+    assert [shown[name] for name in names] == [None, 1, None, None]
     none_left = run("queue", "configure", "mail", "--group-max-leased", "0")
     assert none_left.stdout.rstrip().endswith(" max body 131072 bytes")  # no limits left
     bad = run("queue", "configure", "mail", "--max-leased", "-1")

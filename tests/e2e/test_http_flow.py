@@ -103,14 +103,18 @@ def test_the_stream_announces_no_work_in_a_paused_queue(server: LiveServer, http
 
 
 def test_limits_are_set_shown_and_removed_over_http(http: httpx.Client) -> None:
-    limits = {"max_leased": 3, "group_max_leased": 1, "rate_limit": 20, "rate_period_s": 2}
+    limits = {"max_leased": 3, "group_max_leased": 1, "rate_limit": 20, "group_rate_limit": 5}
+    limits["rate_period_s"] = 2
     changed = http.patch("/v1/queues/shop:limited", json=limits)
     assert changed.status_code == 200, changed.text
     shown = http.get("/v1/queues/shop:limited/settings").json()
     assert {k: shown[k] for k in limits} == limits
-    cleared = http.patch("/v1/queues/shop:limited", json={"max_leased": 0, "rate_limit": 0}).json()
-    assert (cleared["max_leased"], cleared["group_max_leased"], cleared["rate_limit"]) == (None, 1, None)
+    removed = {"max_leased": 0, "rate_limit": 0, "group_rate_limit": 0}
+    cleared = http.patch("/v1/queues/shop:limited", json=removed).json()
+    names = ("max_leased", "group_max_leased", "rate_limit", "group_rate_limit")
+    assert [cleared[name] for name in names] == [None, 1, None, None]
     problem(http.patch("/v1/queues/shop:limited", json={"max_leased": -1}), 422, "invalid_request")
+    problem(http.patch("/v1/queues/shop:limited", json={"group_rate_limit": -1}), 422, "invalid_request")
     problem(http.patch("/v1/queues/shop:limited", json={"rate_period_s": 0}), 422, "invalid_request")
     [change, *_] = http.get("/v1/audit", params={"kind": "queue", "name": "shop:limited"}).json()["entries"]
     assert (change["before"]["max_leased"], change["after"]["max_leased"]) == (3, None)
@@ -151,7 +155,8 @@ def test_openapi_shows_the_limits_and_the_group(server: LiveServer) -> None:
         schemas = anonymous.get("/openapi.json").json()["components"]["schemas"]
     for model in ("QueueSettingsIn", "QueueSettingsOut"):
         fields = schemas[model]["properties"]
-        assert {"max_leased", "group_max_leased", "rate_limit", "rate_period_s"} <= set(fields), model
+        limits = {"max_leased", "group_max_leased", "rate_limit", "group_rate_limit", "rate_period_s"}
+        assert limits <= set(fields), model
     assert "0 removes it" in schemas["QueueSettingsIn"]["properties"]["max_leased"]["description"]
     for model in ("EnqueueIn", "TaskOut", "ClaimedTask"):
         assert "group" in schemas[model]["properties"], model
@@ -162,7 +167,8 @@ def test_openapi_shows_the_limits_and_the_group(server: LiveServer) -> None:
 def test_the_dashboard_names_a_queues_limits_and_its_tasks_groups(
     server: LiveServer, http: httpx.Client
 ) -> None:
-    http.patch("/v1/queues/ui:limited", json={"max_leased": 2, "rate_limit": 5, "rate_period_s": 60})
+    limits = {"max_leased": 2, "rate_limit": 5, "group_rate_limit": 1, "rate_period_s": 60}
+    http.patch("/v1/queues/ui:limited", json=limits)
     enqueue(http, "ui:limited", {"n": 1}, group="acme")
     enqueue(http, "ui:plain", {"n": 1})
     with httpx.Client(base_url=server.url, timeout=30.0) as browser:
@@ -175,6 +181,6 @@ def test_the_dashboard_names_a_queues_limits_and_its_tasks_groups(
         assert signed.status_code == 200, signed.text
         limited = browser.get("/ui/tasks", params={"queue": "ui:limited"}).text
         plain = browser.get("/ui/tasks", params={"queue": "ui:plain"}).text
-    assert "Limits: at most 2 leased · 5 claims per 60 s" in limited
+    assert "Limits: at most 2 leased · 5 claims per 60 s · 1 claims per 60 s per group" in limited
     assert '<th scope="col">Group</th>' in limited and "<td>acme</td>" in limited
     assert "Limits:" not in plain and "Group" not in plain  # no task of ui:plain has a group

@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 from tests.bench_scripts import run_bench
 
-SETTINGS = ("unlimited", "max_leased", "group_max_leased", "rate_limit")
+SETTINGS = ("unlimited", "max_leased", "group_max_leased", "rate_limit", "group_rate_limit")
 
 
 def test_quick_limits_benchmark(server_dsn: str, tmp_path: Path) -> None:

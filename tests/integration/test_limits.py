@@ -109,17 +109,22 @@ def test_configure_queue_refuses_bad_limits_saying_which(admin: batonq.Client) -
         ({"max_leased": -1}, "max_leased must be 1 or more, or 0 for no limit (got -1)"),
         ({"group_max_leased": -2}, "group_max_leased must be 1 or more, or 0 for no limit (got -2)"),
         ({"rate_limit": -3}, "rate_limit must be 1 or more, or 0 for no limit (got -3)"),
+        ({"group_rate_limit": -4}, "group_rate_limit must be 1 or more, or 0 for no limit (got -4)"),
         ({"rate_period_s": 0}, "rate_period_s must be above 0 and at most 86400"),
         ({"rate_period_s": limits.MAX_RATE_PERIOD_S + 1}, "rate_period_s must be above 0 and at most 86400"),
     ]
     for settings, message in refusals:
         with pytest.raises(batonq.InvalidArgument, match=re.escape(message)):
             admin.configure_queue(Q, **settings)
-    config = admin.configure_queue(Q, max_leased=3, group_max_leased=1, rate_limit=20, rate_period_s=0.5)
-    limits_set = (config.max_leased, config.group_max_leased, config.rate_limit, config.rate_period_s)
-    assert limits_set == (3, 1, 20, 0.5)
+    config = admin.configure_queue(
+        Q, max_leased=3, group_max_leased=1, rate_limit=20, group_rate_limit=5, rate_period_s=0.5
+    )
+    limits_set = (config.max_leased, config.group_max_leased, config.rate_limit, config.group_rate_limit)
+    assert (*limits_set, config.rate_period_s) == (3, 1, 20, 5, 0.5)
     config = admin.configure_queue(Q, lease_s=60)  # None keeps each limit
-    assert (config.max_leased, config.group_max_leased, config.rate_limit) == (3, 1, 20)
-    config = admin.configure_queue(Q, max_leased=0, group_max_leased=0, rate_limit=0)
-    assert (config.max_leased, config.group_max_leased, config.rate_limit) == (None, None, None)
+    limits_set = (config.max_leased, config.group_max_leased, config.rate_limit, config.group_rate_limit)
+    assert limits_set == (3, 1, 20, 5)
+    config = admin.configure_queue(Q, max_leased=0, group_max_leased=0, rate_limit=0, group_rate_limit=0)
+    limits_set = (config.max_leased, config.group_max_leased, config.rate_limit, config.group_rate_limit)
+    assert limits_set == (None, None, None, None)
     assert config.rate_period_s == 0.5

@@ -54,10 +54,12 @@ class Sampler:
 class Workers:
     """``n`` threads, each with its own client, claiming from Q with
     long-polls and completing what they got after ``work_s``, until stopped.
-    ``claimed_at`` holds when each claim returned (time.monotonic())."""
+    ``claimed_at`` holds when each claim returned (time.monotonic()), and
+    ``groups`` each claimed task's group, in the same order."""
 
     def __init__(self, dsn: str, n: int, work_s: float, wait_s: float = 1.0) -> None:
         self.claimed_at: list[float] = []
+        self.groups: list[str | None] = []
         self.errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -74,6 +76,7 @@ class Workers:
                     for lease in client.claim(Q, wait_s=wait_s):
                         with self._lock:
                             self.claimed_at.append(time.monotonic())
+                            self.groups.append(lease.group)
                         time.sleep(work_s)  # the job
                         client.complete(lease.lease_token, {"ok": True})
         except BaseException as error:  # reported by stop()
@@ -170,8 +173,38 @@ def test_a_rate_limit_of_20_a_second_gives_200_claims_in_10_s_without_bursts(
     # No window holds more than the bucket plus what refilled during it
     # (one claim of slack for the clients' own clocks).
     for window in (0.1, 0.5, 1.0, 3.0):
-        most = max(sum(1 for t in claimed[i:] if t - start <= window) for i, start in enumerate(claimed))
+        most = _most_in_a_window(claimed, window)
         assert most <= bucket + rate * window + 1, (window, most)
+
+
+def _most_in_a_window(claimed: list[float], window: float) -> int:
+    return max(sum(1 for t in claimed[i:] if t - start <= window) for i, start in enumerate(claimed))
+
+
+def test_a_group_rate_limit_holds_each_group_to_its_bucket_and_starves_none(
+    admin: batonq.Client, dsn: str
+) -> None:
+    """10 claims a second per group, 8 workers for 4 s: a busy group enqueued
+    first takes its tokens and no more, and a light one gets its own."""
+    rate, seconds = 10, 4.0
+    admin.configure_queue(Q, group_rate_limit=rate, rate_period_s=1)
+    admin.enqueue_many(Q, [{"hot": i} for i in range(200)], group="customer-hot")
+    admin.enqueue_many(Q, [{"light": i} for i in range(100)], group="customer-light")
+    started = time.monotonic()
+    workers = Workers(dsn, 8, 0.0)
+    try:
+        time.sleep(seconds)  # the measured period itself
+        claims = list(zip(workers.claimed_at, workers.groups, strict=True))
+    finally:
+        workers.stop()
+    for group in ("customer-hot", "customer-light"):
+        claimed = sorted(t - started for t, g in claims if g == group and t - started <= seconds)
+        # The full bucket, then 10 a second (a few claims of slack for the
+        # clients' own clocks and a loaded machine).
+        assert rate * seconds - 10 <= len(claimed) <= rate + rate * seconds + 1, (group, len(claimed))
+        for window in (0.1, 0.5, 1.0, 3.0):
+            most = _most_in_a_window(claimed, window)
+            assert most <= rate + rate * window + 1, (group, window, most)
 
 
 @pytest.fixture
@@ -261,13 +294,54 @@ def test_a_long_poll_on_an_empty_rate_bucket_wakes_when_a_token_is_due(
     assert 1.0 < returned - started < 4.0  # the token's time, not the 30 s poll
 
 
-async def test_a_worker_held_back_by_the_rate_limit_sleeps_only_until_the_next_token(
-    admin: batonq.Client, dsn: str
+def test_a_long_poll_on_a_group_with_an_empty_rate_bucket_wakes_when_its_token_is_due(
+    admin: batonq.Client,
+    client: batonq.Client,
+    long_poll: Callable[[float], tuple[threading.Thread, list[Any]]],
 ) -> None:
-    """Its idle wait is 30 s; the rate's tokens come every 0.1 s, and it
-    takes each one about when it is due."""
-    admin.configure_queue(Q, rate_limit=10, rate_period_s=1)
-    admin.enqueue_many(Q, [{"i": i} for i in range(25)])
+    admin.configure_queue(Q, group_rate_limit=1, rate_period_s=2)
+    admin.enqueue(Q, {"n": "a"}, group="a")
+    assert len(client.claim(Q)) == 1
+    assert client.rate_wait([Q]) == 0  # a's bucket is empty, but no task of a waits
+    admin.enqueue_many(Q, [{"n": 1}, {"n": 2}], group="b")
+    assert len(client.claim(Q, max_tasks=2)) == 1  # b's one token
+    assert 1.5 < client.rate_wait([Q]) <= 2.0
+    started = time.monotonic()
+    thread, answer = long_poll(20)
+    thread.join(timeout=25)
+    [leases, returned] = answer
+    assert [lease.row for lease in leases] == [{"n": 2}]
+    assert 1.0 < returned - started < 4.0  # the token's time, not the 30 s poll
+
+
+def test_the_maintenance_prunes_the_rate_buckets_of_groups_idle_for_a_period(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    """A claim makes a bucket per group it takes from (none for tasks
+    without a group); a bucket full again (here a second later) goes."""
+    admin.configure_queue(Q, group_rate_limit=1, rate_period_s=1)
+    admin.enqueue_many(Q, [{"i": i} for i in range(3)], groups=["a", "b", None])
+    assert len(client.claim(Q, max_tasks=3)) == 3
+
+    def buckets() -> list[str]:
+        query = "SELECT group_key FROM batonq.group_rate_buckets WHERE queue = %s ORDER BY 1"
+        rows = sql.execute(query, (Q,))
+        return [group for (group,) in rows.fetchall()]
+
+    assert buckets() == ["a", "b"]
+    assert admin.maintain()["rate_buckets_deleted"] == 0  # still refilling
+    wait_for(lambda: admin.maintain()["rate_buckets_deleted"] == 2, timeout=10, what="idle buckets pruned")
+    assert buckets() == []
+
+
+@pytest.mark.parametrize("limit", ["rate_limit", "group_rate_limit"])
+async def test_a_worker_held_back_by_the_rate_limit_sleeps_only_until_the_next_token(
+    admin: batonq.Client, dsn: str, limit: str
+) -> None:
+    """Its idle wait is 30 s; the rate's tokens (the queue's, or the one
+    group's) come every 0.1 s, and it takes each one about when it is due."""
+    admin.configure_queue(Q, rate_period_s=1, **{limit: 10})
+    admin.enqueue_many(Q, [{"i": i} for i in range(25)], group="acme")
     app = batonq.App()
 
     @app.task(Q)

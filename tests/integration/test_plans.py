@@ -241,18 +241,22 @@ def test_claims_with_limits_stay_in_one_partition_by_index(
     crowded: str, admin: batonq.Client, admin_dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
     """Every limit on (none of them reached): the claim also counts the
-    queue's leases, per group too, and walks the claim index past full
-    groups; all of it by index in the queue's partition, reading about as
-    much as the claim without limits."""
+    queue's leases, per group too, reads the groups' rate buckets, walks the
+    claim index past full groups and takes the groups' tokens; all of it by
+    index in the queue's partition, reading about as much as the claim
+    without limits."""
     sql.execute("UPDATE batonq.tasks SET group_key = 'customer-' || (id %% 20) WHERE queue = %s", (Q,))
     sql.execute("ANALYZE batonq.tasks")
-    admin.configure_queue(Q, max_leased=1000, group_max_leased=5, rate_limit=100_000)
+    admin.configure_queue(
+        Q, max_leased=1000, group_max_leased=5, rate_limit=100_000, group_rate_limit=100_000
+    )
     for max_tasks in (1, 10):
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
             claim_plans, complete_plans = measure(conn, sql, max_tasks)
 
         texts = "\n".join(text for text, _ in claim_plans)
         assert "state = 'leased'" in texts and "group_key <> ALL" in texts and "rate_buckets" in texts
+        assert "group_rate_buckets" in texts
         check_plans(claim_plans, crowded, max_rows=12 * max_tasks + 20)
         assert pruned_at_run_time(claim_plans)
         check_plans(complete_plans, crowded, max_rows=5)

@@ -56,7 +56,9 @@ async def test_claim_gets_nothing_from_a_paused_queue(admin_dsn: str) -> None:
 
 async def test_a_group_on_enqueue_and_the_limits_in_queues(admin_dsn: str) -> None:
     with batonq.connect(admin_dsn) as admin:
-        admin.configure_queue("exports", group_max_leased=1, rate_limit=50, rate_period_s=10)
+        admin.configure_queue(
+            "exports", group_max_leased=1, rate_limit=50, group_rate_limit=20, rate_period_s=10
+        )
     async with stdio_session(admin_dsn) as session:
         made = await call(session, "batonq_enqueue", queue="exports", payload={"n": 1}, group="acme")
         ran = await call(session, "batonq_run", queue="exports", payload={"n": 2}, group="acme")
@@ -69,7 +71,11 @@ async def test_a_group_on_enqueue_and_the_limits_in_queues(admin_dsn: str) -> No
         assert (claimed["task_id"], claimed["group"]) == (made["task_id"], "acme")
         assert (await call(session, "batonq_claim", queue="exports"))["task"] is None  # acme is full
         [settings] = [q for q in (await call(session, "batonq_queues"))["settings"] if q["name"] == "exports"]
-        limits = {k: settings[k] for k in ("max_leased", "group_max_leased", "rate_limit", "rate_period_s")}
-        assert limits == {"max_leased": None, "group_max_leased": 1, "rate_limit": 50, "rate_period_s": 10}
+        names = ("max_leased", "group_max_leased", "rate_limit", "group_rate_limit", "rate_period_s")
+        limits = {k: settings[k] for k in names}
+        assert limits == {
+            "max_leased": None, "group_max_leased": 1, "rate_limit": 50,
+            "group_rate_limit": 20, "rate_period_s": 10,
+        }  # fmt: skip
         message = await refused(session, "batonq_enqueue", queue="exports", payload={}, group="")
         assert "group" in message

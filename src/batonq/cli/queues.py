@@ -77,11 +77,12 @@ def _settings(ctx: click.Context, as_json: bool) -> None:
             echo_json(config)
         return
     columns = ["queue", "paused", "lease s", "max attempts", "backoff s", "retention s", "max body bytes",
-               "max leased", "group max", "rate"]
+               "max leased", "group max", "rate", "group rate"]
     rows = [
         [c.name, "yes" if c.paused else "", str(c.lease_s), str(c.max_attempts),
          f"{c.backoff_base_s:g}..{c.backoff_max_s:g}", str(c.retention_s), str(c.max_body_bytes),
-         _limit(c.max_leased), _limit(c.group_max_leased), _rate(c)]
+         _limit(c.max_leased), _limit(c.group_max_leased), _rate(c.rate_limit, c),
+         _rate(c.group_rate_limit, c)]
         for c in configs
     ]  # fmt: skip
     print_table(columns, rows, right=frozenset(columns[2:]))
@@ -91,14 +92,14 @@ def _limit(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-def _rate(config: QueueConfig) -> str:
-    """``20/1s``: claims per period; ``-`` for none."""
-    return "-" if config.rate_limit is None else f"{config.rate_limit}/{config.rate_period_s:g}s"
+def _rate(limit: int | None, config: QueueConfig) -> str:
+    """``20/1s``: claims per the queue's rate period; ``-`` for none."""
+    return "-" if limit is None else f"{limit}/{config.rate_period_s:g}s"
 
 
 def _limits(config: QueueConfig) -> str:
     """The limits set, in words: ``; at most 3 leased, 1 per group, 20 claims
-    per 1s``; nothing when there are none."""
+    per 1s, 5 claims per 1s per group``; nothing when there are none."""
     parts = []
     if config.max_leased is not None:
         parts.append(f"{config.max_leased} leased")
@@ -106,6 +107,8 @@ def _limits(config: QueueConfig) -> str:
         parts.append(f"{config.group_max_leased} per group")
     if config.rate_limit is not None:
         parts.append(f"{config.rate_limit} claims per {config.rate_period_s:g}s")
+    if config.group_rate_limit is not None:
+        parts.append(f"{config.group_rate_limit} claims per {config.rate_period_s:g}s per group")
     return f"; at most {', '.join(parts)}" if parts else ""
 
 
@@ -165,9 +168,13 @@ def queue() -> None:
     "--rate-limit", type=LIMIT, metavar="N", help="At most N claims per --rate-period (0 or none: no limit)."
 )
 @click.option(
+    "--group-rate-limit", type=LIMIT, metavar="N",
+    help="At most N claims per --rate-period for each group (0 or none: no limit).",
+)  # fmt: skip
+@click.option(
     "--rate-period", "rate_period_s", type=click.FloatRange(0, MAX_RATE_PERIOD_S, min_open=True),
     metavar="SECONDS",
-    help="The rate limit's period (default 1).",
+    help="The rate limits' period (default 1).",
 )  # fmt: skip
 @json_option
 @click.pass_context
@@ -183,6 +190,7 @@ def configure(
     max_leased: int | None,
     group_max_leased: int | None,
     rate_limit: int | None,
+    group_rate_limit: int | None,
     rate_period_s: float | None,
     as_json: bool,
 ) -> None:
@@ -190,14 +198,15 @@ def configure(
     their value.
 
     The limits hold across every worker and machine: the claim itself
-    skips a full group for the next eligible task, and claims nothing while
-    the queue is at --max-leased or out of rate.
+    skips a full group (or one out of rate) for the next eligible task, and
+    claims nothing while the queue is at --max-leased or out of rate.
 
     \b
     Examples:
       batonq queue configure shards --lease 900 --max-attempts 5
       batonq queue configure mail --max-leased 10 --group-max-leased 1
       batonq queue configure api --rate-limit 20 --rate-period 1
+      batonq queue configure api --group-rate-limit 5
       batonq queue configure api --rate-limit none
     """
     with open_client(ctx) as client:
@@ -205,7 +214,7 @@ def configure(
             name, lease_s=lease_s, max_attempts=max_attempts, backoff_base_s=backoff_base_s,
             backoff_max_s=backoff_max_s, retention_s=retention_s, max_body_bytes=max_body_bytes,
             max_leased=max_leased, group_max_leased=group_max_leased, rate_limit=rate_limit,
-            rate_period_s=rate_period_s,
+            group_rate_limit=group_rate_limit, rate_period_s=rate_period_s,
         )  # fmt: skip
     _echo_config(config, as_json)
 

@@ -238,6 +238,8 @@ def _limits(config: QueueConfig | None) -> list[str]:
         shown.append(f"{config.group_max_leased} per group")
     if config.rate_limit is not None:
         shown.append(f"{config.rate_limit} claims per {config.rate_period_s:g} s")
+    if config.group_rate_limit is not None:
+        shown.append(f"{config.group_rate_limit} claims per {config.rate_period_s:g} s per group")
     return shown
 
 

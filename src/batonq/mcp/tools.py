@@ -658,7 +658,8 @@ TOOLS: dict[str, ToolSpec] = {
         description=(
             "The queues you may use, by name, with their counts per state and the age of their oldest "
             "claimable task, each queue's settings (paused, lease, attempts, backoff, retention, and "
-            "the limits: max_leased, group_max_leased, rate_limit per rate_period_s) and the "
+            "the limits: max_leased, group_max_leased, rate_limit and group_rate_limit per "
+            "rate_period_s) and the "
             "cron schedules that enqueue into them: up to limit (100) queues at a time; pass next_cursor "
             "as cursor for the next page. Read-only."
         ),

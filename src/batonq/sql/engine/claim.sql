@@ -98,28 +98,51 @@ BEGIN
     END IF;
 END $$;
 
+-- The tokens a bucket holds at p_now that held p_tokens at p_at: it gains
+-- p_limit per p_period_s, up to p_limit.
+CREATE OR REPLACE FUNCTION batonq._bucket_tokens(
+    p_tokens double precision, p_at timestamptz, p_now timestamptz,
+    p_limit integer, p_period_s double precision
+) RETURNS double precision
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN least(p_limit, p_tokens + greatest(extract(epoch FROM p_now - p_at), 0) * p_limit / p_period_s);
+
 -- The ids a group-limited claim takes, up to p_n: in claim order, skipping
--- the tasks of groups that are full (with their leases and the tasks taken
--- before in this claim), so one busy group does not hold the others back.
--- Tasks without a group count against the queue's limit only. The caller
--- holds the queue's limits lock; the walk reads the claim index and stops
--- once it has p_n (a cursor fetches as it goes), but reads past the tasks
--- of full groups that come first.
+-- the tasks of groups that are full (group_max_leased: with their leases
+-- and the tasks taken before in this claim) or out of tokens
+-- (group_rate_limit: a token per task taken), so one busy group does not
+-- hold the others back. Tasks without a group count against the queue's
+-- limits only. The caller holds the queue's limits lock (and takes the
+-- tokens once it has leased). It reads the queue's leases per group, its
+-- empty rate buckets (by index: not the groups with tokens left), and the
+-- bucket of each other group it meets; the walk reads the claim index and
+-- stops once it has p_n (a cursor fetches as it goes), but reads past the
+-- tasks of full groups that come first.
 CREATE OR REPLACE FUNCTION batonq._pick_in_groups(p_queue batonq.queues, p_n integer) RETURNS bigint[]
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    v_leased jsonb;
+    v_now    timestamptz := clock_timestamp();
+    -- A group's bucket holds under one token while it is full later than
+    -- this (group_rate_limit - 1 tokens' time from now); NULL: no group rate.
+    v_empty  timestamptz := v_now + make_interval(
+                 secs => (p_queue.group_rate_limit - 1) * p_queue.rate_period_s / p_queue.group_rate_limit);
+    v_leased jsonb;             -- leases per group, under group_max_leased
+    v_room   jsonb := '{}';     -- what each group met may still take
     v_full   text[];
     v_ids    bigint[] := '{}';
-    v_taken  integer;
+    v_left   integer;
     v_task   record;
 BEGIN
     SELECT coalesce(jsonb_object_agg(g.group_key, g.n), '{}'),
            coalesce(array_agg(g.group_key) FILTER (WHERE g.n >= p_queue.group_max_leased), '{}')
       INTO v_leased, v_full
       FROM (SELECT group_key, count(*) AS n FROM batonq.tasks
-             WHERE queue = p_queue.name AND state = 'leased' AND group_key IS NOT NULL
+             WHERE p_queue.group_max_leased IS NOT NULL
+               AND queue = p_queue.name AND state = 'leased' AND group_key IS NOT NULL
              GROUP BY group_key) g;
+    v_full := v_full || ARRAY(SELECT group_key FROM batonq.group_rate_buckets
+                               WHERE p_queue.group_rate_limit IS NOT NULL
+                                 AND queue = p_queue.name AND full_at > v_empty);
     FOR v_task IN
         SELECT id, group_key FROM batonq.tasks
          WHERE queue = p_queue.name AND state = 'pending' AND run_at <= now()
@@ -127,9 +150,21 @@ BEGIN
          ORDER BY priority DESC, run_at, id
     LOOP
         IF v_task.group_key IS NOT NULL THEN
-            v_taken := coalesce((v_leased ->> v_task.group_key)::integer, 0);
-            CONTINUE WHEN v_taken >= p_queue.group_max_leased;
-            v_leased := jsonb_set(v_leased, ARRAY[v_task.group_key], to_jsonb(v_taken + 1));
+            v_left := v_room ->> v_task.group_key;
+            IF v_left IS NULL THEN
+                -- Its room under group_max_leased and its bucket's whole
+                -- tokens (least ignores a NULL: a limit not set; a bucket
+                -- not there is full).
+                v_left := least(
+                    p_queue.group_max_leased - coalesce((v_leased ->> v_task.group_key)::integer, 0),
+                    p_queue.group_rate_limit - coalesce(
+                        (SELECT ceil(greatest(extract(epoch FROM b.full_at - v_now), 0)
+                                     * p_queue.group_rate_limit / p_queue.rate_period_s)::integer
+                           FROM batonq.group_rate_buckets b
+                          WHERE b.queue = p_queue.name AND b.group_key = v_task.group_key), 0));
+            END IF;
+            CONTINUE WHEN v_left < 1;
+            v_room := jsonb_set(v_room, ARRAY[v_task.group_key], to_jsonb(v_left - 1));
         END IF;
         v_ids := v_ids || v_task.id;
         EXIT WHEN cardinality(v_ids) >= p_n;
@@ -143,10 +178,11 @@ END $$;
 -- (its payload). p_key_id records the API key that asked (the service's),
 -- so that key may later name the lease by task and fencing token alone.
 --
--- A queue with limits (max_leased, group_max_leased, rate_limit) claims
--- one claimer at a time: its claims queue on the queue's limits lock, count
--- the leases held, take what room is left (skipping full groups) and as
--- many tokens of the rate bucket, so no claim ever exceeds a limit however
+-- A queue with limits (max_leased, group_max_leased, rate_limit,
+-- group_rate_limit) claims one claimer at a time: its claims queue on the
+-- queue's limits lock, count the leases held, take what room is left
+-- (skipping full groups and those with an empty bucket) and as many tokens
+-- of the rate buckets, so no claim ever exceeds a limit however
 -- many claimers there are. Queues without limits take no lock.
 --
 -- Written for generic plans (PL/pgSQL caches them): the queue is named on
@@ -201,7 +237,7 @@ BEGIN
         PERFORM batonq.expire_leases(p_queue);
     END IF;
     IF v_queue.max_leased IS NOT NULL OR v_queue.group_max_leased IS NOT NULL
-       OR v_queue.rate_limit IS NOT NULL THEN
+       OR v_queue.rate_limit IS NOT NULL OR v_queue.group_rate_limit IS NOT NULL THEN
         -- Looked at twice: first without the lock, so that the claimers a
         -- lease's end wakes on a full queue (or an empty bucket) do not
         -- queue on it only to find no room; then holding it. Room seen
@@ -220,9 +256,8 @@ BEGIN
                 -- refilled it.
                 v_now := clock_timestamp();
                 v_tokens := coalesce(
-                    (SELECT least(v_queue.rate_limit,
-                                  b.tokens + greatest(extract(epoch FROM v_now - b.at), 0)
-                                             * v_queue.rate_limit / v_queue.rate_period_s)
+                    (SELECT batonq._bucket_tokens(b.tokens, b.at, v_now, v_queue.rate_limit,
+                                                  v_queue.rate_period_s)
                        FROM batonq.rate_buckets b WHERE b.queue = p_queue),
                     v_queue.rate_limit);
                 v_take := least(v_take, floor(v_tokens)::integer);
@@ -234,7 +269,7 @@ BEGIN
             PERFORM batonq._limits_lock(p_queue);
             v_locked := true;
         END LOOP;
-        IF v_queue.group_max_leased IS NOT NULL THEN
+        IF v_queue.group_max_leased IS NOT NULL OR v_queue.group_rate_limit IS NOT NULL THEN
             v_ids := batonq._pick_in_groups(v_queue, v_take);
             v_take := 0;
         END IF;
@@ -275,20 +310,52 @@ BEGIN
         VALUES (p_queue, v_tokens - v_count, v_now)
         ON CONFLICT (queue) DO UPDATE SET tokens = excluded.tokens, at = excluded.at;
     END IF;
+    -- Each group claimed from gives a token per task: its bucket is full
+    -- again rate_period_s / group_rate_limit later per token (from now, if
+    -- it was full). The walk's picks that were leased are this claim's:
+    -- only the lock's holder leases them.
+    IF v_queue.group_rate_limit IS NOT NULL AND cardinality(v_ids) > 0 THEN
+        v_now := clock_timestamp();
+        INSERT INTO batonq.group_rate_buckets AS b (queue, group_key, full_at)
+        SELECT p_queue, t.group_key,
+               v_now + make_interval(secs => count(*) * v_queue.rate_period_s / v_queue.group_rate_limit)
+          FROM batonq.tasks t
+         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased' AND t.group_key IS NOT NULL
+         GROUP BY t.group_key
+        ON CONFLICT (queue, group_key) DO UPDATE SET
+            full_at = excluded.full_at + greatest(b.full_at - v_now, interval '0');
+    END IF;
 END $$;
 
--- Seconds until p_queue's rate bucket holds a token: 0 when it holds one
--- now or the queue has no rate limit. A claimer that found nothing sleeps
--- this long (at most) instead of polling an empty bucket.
+-- Seconds until a claim of p_queue may find a token: the queue's rate
+-- bucket's wait when it is empty, else the soonest token of the group
+-- buckets that are empty while their group has tasks due (the claim skipped
+-- those); 0 when nothing waits on a token or the queue has no rate limits.
+-- A claimer that found nothing sleeps this long (at most) instead of
+-- polling an empty bucket. The group look reads the queue's empty buckets
+-- by index and, for each, the claim index until a due task of its group.
 CREATE OR REPLACE FUNCTION batonq.rate_wait_s(p_queue text) RETURNS double precision
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT coalesce(max(greatest(0,
-               (1 - b.tokens - greatest(extract(epoch FROM clock_timestamp() - b.at), 0)
-                               * q.rate_limit / q.rate_period_s)
-               * q.rate_period_s / q.rate_limit)), 0)::double precision
-      FROM batonq.queues q JOIN batonq.rate_buckets b ON b.queue = q.name
-     WHERE q.name = p_queue AND q.rate_limit IS NOT NULL;
+    SELECT coalesce((SELECT greatest(
+               coalesce((SELECT (1 - batonq._bucket_tokens(b.tokens, b.at, clock_timestamp(),
+                                                           q.rate_limit, q.rate_period_s))
+                                * q.rate_period_s / q.rate_limit
+                           FROM batonq.rate_buckets b WHERE b.queue = q.name AND q.rate_limit IS NOT NULL), 0),
+               -- A group's bucket holds a token again once it is full within
+               -- group_rate_limit - 1 tokens' time.
+               coalesce((SELECT extract(epoch FROM min(g.full_at) - clock_timestamp())
+                                - (q.group_rate_limit - 1) * q.rate_period_s / q.group_rate_limit
+                           FROM batonq.group_rate_buckets g
+                          WHERE g.queue = q.name AND q.group_rate_limit IS NOT NULL
+                            AND g.full_at > clock_timestamp() + make_interval(
+                                    secs => (q.group_rate_limit - 1) * q.rate_period_s / q.group_rate_limit)
+                            AND EXISTS (SELECT FROM batonq.tasks t
+                                         WHERE t.queue = q.name AND t.state = 'pending'
+                                           AND t.run_at <= now() AND t.group_key = g.group_key)), 0),
+               0)
+      FROM batonq.queues q
+     WHERE q.name = p_queue), 0)::double precision;
 END;
 
 -- Expire the leases of every queue that has expired ones: for queues nobody

@@ -2,7 +2,7 @@
 
 -- Create a queue or change its settings; a NULL argument keeps the current
 -- value (or the default, for a new queue). For the limits (max_leased,
--- group_max_leased, rate_limit) 0 removes the limit. p_actor names who acts
+-- group_max_leased, rate_limit, group_rate_limit) 0 removes the limit. p_actor names who acts
 -- (a service's API key) in the settings audit; NULL: the database role.
 CREATE OR REPLACE FUNCTION batonq.configure_queue(
     p_queue            text,
@@ -17,6 +17,7 @@ CREATE OR REPLACE FUNCTION batonq.configure_queue(
     p_group_max_leased integer DEFAULT NULL,
     p_rate_limit       integer DEFAULT NULL,
     p_rate_period_s    double precision DEFAULT NULL,
+    p_group_rate_limit integer DEFAULT NULL,
     p_actor            text DEFAULT NULL
 ) RETURNS batonq.queues
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -32,6 +33,9 @@ BEGIN
     END IF;
     IF p_rate_limit < 0 THEN
         PERFORM batonq._invalid_argument(format('rate_limit must be 1 or more, or 0 for no limit (got %s)', p_rate_limit));
+    END IF;
+    IF p_group_rate_limit < 0 THEN
+        PERFORM batonq._invalid_argument(format('group_rate_limit must be 1 or more, or 0 for no limit (got %s)', p_group_rate_limit));
     END IF;
     IF p_rate_period_s <= 0 OR p_rate_period_s > 86400 OR p_rate_period_s = 'NaN' THEN
         PERFORM batonq._invalid_argument(format('rate_period_s must be above 0 and at most 86400 (a day) (got %s)', p_rate_period_s));
@@ -50,17 +54,23 @@ BEGIN
         group_max_leased = CASE WHEN p_group_max_leased IS NULL THEN group_max_leased
                                 ELSE nullif(p_group_max_leased, 0) END,
         rate_limit       = CASE WHEN p_rate_limit IS NULL THEN rate_limit ELSE nullif(p_rate_limit, 0) END,
+        group_rate_limit = CASE WHEN p_group_rate_limit IS NULL THEN group_rate_limit
+                                ELSE nullif(p_group_rate_limit, 0) END,
         rate_period_s    = coalesce(p_rate_period_s, rate_period_s)
     WHERE name = p_queue
     RETURNING * INTO v_queue;
     PERFORM batonq._act_as(NULL);
-    -- A new rate starts with a full bucket.
+    -- A new rate starts with full buckets.
     IF p_rate_limit IS NOT NULL OR p_rate_period_s IS NOT NULL THEN
         DELETE FROM batonq.rate_buckets WHERE queue = p_queue;
     END IF;
+    IF p_group_rate_limit IS NOT NULL OR p_rate_period_s IS NOT NULL THEN
+        DELETE FROM batonq.group_rate_buckets WHERE queue = p_queue;
+    END IF;
     -- Unpaused, or a limit raised or removed: claims may find tasks now.
     IF p_paused IS FALSE OR p_max_leased IS NOT NULL OR p_group_max_leased IS NOT NULL
-       OR p_rate_limit IS NOT NULL OR p_rate_period_s IS NOT NULL THEN
+       OR p_rate_limit IS NOT NULL OR p_group_rate_limit IS NOT NULL
+       OR p_rate_period_s IS NOT NULL THEN
         PERFORM batonq._wake(p_queue);
     END IF;
     RETURN v_queue;

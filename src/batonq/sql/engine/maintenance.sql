@@ -34,10 +34,11 @@ BEGIN
 END $$;
 
 -- Retention: finished tasks older than their queue's retention_s go, with
--- their submit records and idempotency keys, and debounce windows whose task
--- has finished. Whole day partitions older than
--- the longest retention are dropped; queues that keep less lose their older
--- rows by DELETE, p_batch at a time. Returns what it removed.
+-- their submit records and idempotency keys, debounce windows whose task
+-- has finished, and the group rate buckets that are full again. Whole day
+-- partitions older than the longest retention are dropped; queues that keep
+-- less lose their older rows by DELETE, p_batch at a time. Returns what it
+-- removed.
 CREATE OR REPLACE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -49,6 +50,7 @@ DECLARE
     v_rows       integer := 0;
     v_keys       integer := 0;
     v_debounces  integer := 0;
+    v_buckets    integer := 0;
 BEGIN
     FOR v_part IN
         SELECT c.relname
@@ -116,10 +118,26 @@ BEGIN
      WHERE d.queue = old.queue AND d.key = old.key AND d.task_id = old.task_id;
     GET DIAGNOSTICS v_debounces = ROW_COUNT;
 
+    -- A group's rate bucket that is full again (full_at passed) is as good
+    -- as none: the row goes (all of a queue's, once it has no group rate).
+    -- The delete matches the row's full_at as read: a claim that took a
+    -- token meanwhile moved it, and keeps its row.
+    WITH idle AS (
+        SELECT b.queue, b.group_key, b.full_at FROM batonq.group_rate_buckets b
+          LEFT JOIN batonq.queues q ON q.name = b.queue
+         WHERE q.group_rate_limit IS NULL OR b.full_at <= now()
+         LIMIT p_batch
+    )
+    DELETE FROM batonq.group_rate_buckets b USING idle
+     WHERE b.queue = idle.queue AND b.group_key = idle.group_key AND b.full_at = idle.full_at;
+    GET DIAGNOSTICS v_buckets = ROW_COUNT;
+
     -- behind: a full batch was removed, so more may be due now.
     RETURN jsonb_build_object('partitions_dropped', v_dropped, 'archived_deleted', v_rows,
                               'keys_deleted', v_keys, 'debounces_deleted', v_debounces,
-                              'behind', v_rows = p_batch OR v_keys = p_batch OR v_debounces = p_batch);
+                              'rate_buckets_deleted', v_buckets,
+                              'behind', v_rows = p_batch OR v_keys = p_batch OR v_debounces = p_batch
+                                        OR v_buckets = p_batch);
 END $$;
 
 -- What the sweeper runs every minute or so.

@@ -1,8 +1,9 @@
 -- batonq 0003: concurrency and rate limits. A queue may cap the tasks leased
 -- at once (max_leased), those leased per group (group_max_leased: tasks carry
--- an optional group, e.g. a customer id) and its claims per period
--- (rate_limit per rate_period_s, a token bucket). The claim enforces them
--- (engine/claim.sql).
+-- an optional group, e.g. a customer id), its claims per period (rate_limit
+-- per rate_period_s, a token bucket) and each group's claims per period
+-- (group_rate_limit per rate_period_s, a bucket per group). The claim
+-- enforces them (engine/claim.sql).
 
 -- SQL-bodied functions that take or return the rows changed below depend
 -- on their row types, which then cannot change: dropped here, made again by
@@ -18,6 +19,7 @@ ALTER TABLE batonq.queues
     ADD COLUMN max_leased integer CHECK (max_leased >= 1),
     ADD COLUMN group_max_leased integer CHECK (group_max_leased >= 1),
     ADD COLUMN rate_limit integer CHECK (rate_limit >= 1),
+    ADD COLUMN group_rate_limit integer CHECK (group_rate_limit >= 1),
     ADD COLUMN rate_period_s double precision NOT NULL DEFAULT 1
         CHECK (rate_period_s > 0 AND rate_period_s <= 86400);
 
@@ -40,6 +42,27 @@ CREATE TABLE batonq.rate_buckets (
     tokens  double precision NOT NULL,
     at      timestamptz NOT NULL
 );
+
+-- Each group's token bucket in a queue with group_rate_limit, kept as one
+-- time: "full_at", when the bucket is full again (each token taken moves it
+-- rate_period_s / group_rate_limit later; engine/claim.sql). A table apart
+-- from rate_buckets, not a wider one: the queue's bucket is one row read by
+-- its key on every claim, and a group column in its key would need a
+-- stand-in for "the whole queue". A missing row is a full bucket: a claim
+-- makes the rows of the groups it takes from, and the maintenance removes
+-- the full ones (full_at passed), so the table holds the groups claimed from
+-- lately, not every group ever seen.
+CREATE TABLE batonq.group_rate_buckets (
+    queue      text NOT NULL,
+    group_key  text NOT NULL,
+    full_at    timestamptz NOT NULL,
+    PRIMARY KEY (queue, group_key)
+);
+
+-- The empty buckets of a queue are those full latest (full_at beyond
+-- now + (group_rate_limit - 1) tokens' time): a claim skips their groups
+-- and rate_wait_s reads their soonest token, without reading the others.
+CREATE INDEX group_rate_buckets_full_at_idx ON batonq.group_rate_buckets (queue, full_at);
 
 ALTER TYPE batonq.task_view ADD ATTRIBUTE "group" text;
 ALTER TYPE batonq.lease ADD ATTRIBUTE "group" text;
