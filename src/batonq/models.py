@@ -274,6 +274,20 @@ class QueueConfig:
     group_rate_limit: int | None = field(metadata=shown("claims per rate_period_s per group; null: none"))
     rate_period_s: float = field(metadata=shown("the rate limits' period in seconds"))
 
+    @property
+    def limits(self) -> list[str]:
+        """The limits set, in words, each to be read after "at most"
+        (``["3 leased", "1 per group", "20 claims per 1 s"]``); empty when
+        there are none."""
+        per = f"per {self.rate_period_s:g} s"
+        words = [
+            (self.max_leased, f"{self.max_leased} leased"),
+            (self.group_max_leased, f"{self.group_max_leased} per group"),
+            (self.rate_limit, f"{self.rate_limit} claims {per}"),
+            (self.group_rate_limit, f"{self.group_rate_limit} claims {per} per group"),
+        ]
+        return [text for limit, text in words if limit is not None]
+
 
 @dataclass(frozen=True, slots=True)
 class Edge:

@@ -83,7 +83,7 @@ def test_queue_limits_are_configured_shown_and_cleared(run: Run) -> None:
     configured = run("queue", "configure", "mail", "--max-leased", "3", "--group-max-leased", "1",
                      "--rate-limit", "20", "--group-rate-limit", "5", "--rate-period", "2")  # fmt: skip
     assert configured.exit_code == 0, configured.output
-    limits = "; at most 3 leased, 1 per group, 20 claims per 2s, 5 claims per 2s per group"
+    limits = "; at most 3 leased, 1 per group, 20 claims per 2 s, 5 claims per 2 s per group"
     assert configured.stdout.rstrip().endswith(limits)
     settings = run("queues", "--settings")
     header, row = (next(line for line in settings.stdout.splitlines() if line.startswith(word))

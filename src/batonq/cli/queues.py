@@ -97,29 +97,15 @@ def _rate(limit: int | None, config: QueueConfig) -> str:
     return "-" if limit is None else f"{limit}/{config.rate_period_s:g}s"
 
 
-def _limits(config: QueueConfig) -> str:
-    """The limits set, in words: ``; at most 3 leased, 1 per group, 20 claims
-    per 1s, 5 claims per 1s per group``; nothing when there are none."""
-    parts = []
-    if config.max_leased is not None:
-        parts.append(f"{config.max_leased} leased")
-    if config.group_max_leased is not None:
-        parts.append(f"{config.group_max_leased} per group")
-    if config.rate_limit is not None:
-        parts.append(f"{config.rate_limit} claims per {config.rate_period_s:g}s")
-    if config.group_rate_limit is not None:
-        parts.append(f"{config.group_rate_limit} claims per {config.rate_period_s:g}s per group")
-    return f"; at most {', '.join(parts)}" if parts else ""
-
-
 def _echo_config(config: QueueConfig, as_json: bool) -> None:
     if as_json:
         echo_json(config)
         return
+    limits = f"; at most {', '.join(config.limits)}" if config.limits else ""
     click.echo(
         f"{config.name}: {'paused' if config.paused else 'running'}, lease {config.lease_s}s,"
         f" max attempts {config.max_attempts}, backoff {config.backoff_base_s:g}s..{config.backoff_max_s:g}s,"
-        f" retention {config.retention_s}s, max body {config.max_body_bytes} bytes{_limits(config)}"
+        f" retention {config.retention_s}s, max body {config.max_body_bytes} bytes{limits}"
     )
 
 

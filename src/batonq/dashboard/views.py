@@ -34,7 +34,7 @@ from batonq.dashboard.session import (
     sign_out,
     take_flash,
 )
-from batonq.models import TASK_STATES, Edge, QueueConfig, QueueStats, Task, Throughput, task_ref
+from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput, task_ref
 from batonq.rings import RINGS
 from batonq.schemas import RunOut
 from batonq.service.reads import LINEAGE_LIMIT
@@ -227,22 +227,6 @@ async def queue_rows(request: Request, session: Reader) -> Response:
 # -- tasks --------------------------------------------------------------------
 
 
-def _limits(config: QueueConfig | None) -> list[str]:
-    """The queue's limits in words, for the line under its tasks' heading."""
-    if config is None:
-        return []
-    shown = []
-    if config.max_leased is not None:
-        shown.append(f"at most {config.max_leased} leased")
-    if config.group_max_leased is not None:
-        shown.append(f"{config.group_max_leased} per group")
-    if config.rate_limit is not None:
-        shown.append(f"{config.rate_limit} claims per {config.rate_period_s:g} s")
-    if config.group_rate_limit is not None:
-        shown.append(f"{config.group_rate_limit} claims per {config.rate_period_s:g} s per group")
-    return shown
-
-
 @router.get("/tasks")
 async def tasks_page(request: Request, session: Reader) -> Response:
     params = request.query_params
@@ -259,11 +243,11 @@ async def tasks_page(request: Request, session: Reader) -> Response:
                 found = await reader_of(request).find_tasks(
                     queue, state=state, idempotency_key=key, worker=worker, limit=PAGE, before_id=before
                 )
-                configs = await reader_of(request).queue_configs()
+                configs = await reader_of(request).queue_configs([queue])
             except errors.BatonqError as error:
                 problem = error.message
             else:
-                limits = _limits(next((c for c in configs if c.name == queue), None))
+                limits = configs[0].limits if configs else []
     return _page(
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
