@@ -302,7 +302,7 @@ class Client:
         payload, or the ``"first"``.
 
         ``group`` (1-128 characters, e.g. a customer id) counts the task
-        against its queue's ``group_max_leased``.
+        against its queue's ``group_max_leased`` and ``group_rate_limit``.
 
         ``conn`` joins your transaction: the task exists only if it commits.
         """

@@ -214,7 +214,9 @@ class Task:
     last_error: str | None
     errors: list[dict[str, Any]] = field(metadata=shown("every attempt's error, oldest first"))
     result: JSON
-    group: str | None = field(metadata=shown("the group the task counts against (group_max_leased)"))
+    group: str | None = field(
+        metadata=shown("the group the task counts against (group_max_leased, group_rate_limit)")
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,7 +201,8 @@ class EnqueueIn(Strict):
     keep: Literal["last", "first"] = Field("last", description="with debounce: the payload the task carries")
     group: str | None = Field(
         None, min_length=1, max_length=MAX_GROUP_LENGTH, examples=["customer-42"],
-        description="the task's group (a customer id, say): the queue's group_max_leased caps each group",
+        description="the task's group (a customer id, say): the queue's group_max_leased and"
+        " group_rate_limit cap each group",
     )  # fmt: skip
 
 

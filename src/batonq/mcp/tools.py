@@ -128,7 +128,8 @@ Group = Annotated[
         min_length=1,
         max_length=MAX_GROUP_LENGTH,
         description="The task's group, e.g. a customer id: a queue with group_max_leased runs at most "
-        "that many tasks of one group at once (see batonq_queues' settings).",
+        "that many tasks of one group at once, with group_rate_limit claims at most that many of one "
+        "group per period (see batonq_queues' settings).",
     ),
 ]
 Keep = Annotated[

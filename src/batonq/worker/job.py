@@ -32,7 +32,7 @@ class BaseJob:
       holder has the task, it was cancelled, or the worker shut down and gave
       it back): stop working, your result will be refused.
     - ``group``: the task's group (``None`` for none), what the queue's
-      ``group_max_leased`` counts.
+      ``group_max_leased`` and ``group_rate_limit`` count.
     - ``context``: a dict for middleware (and handlers) to keep state per job.
     """
 

@@ -1,5 +1,15 @@
 -- batonq engine: queues and enqueue.
 
+-- A limit's new value, named p_name: NULL (keep), 0 (remove) or 1 and more.
+CREATE OR REPLACE FUNCTION batonq._check_limit(p_name text, p_value integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value < 0 THEN
+        PERFORM batonq._invalid_argument(
+            format('%s must be 1 or more, or 0 for no limit (got %s)', p_name, p_value));
+    END IF;
+END $$;
+
 -- Create a queue or change its settings; a NULL argument keeps the current
 -- value (or the default, for a new queue). For the limits (max_leased,
 -- group_max_leased, rate_limit, group_rate_limit) 0 removes the limit. p_actor names who acts
@@ -25,18 +35,10 @@ SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
     v_queue batonq.queues;
 BEGIN
-    IF p_max_leased < 0 THEN
-        PERFORM batonq._invalid_argument(format('max_leased must be 1 or more, or 0 for no limit (got %s)', p_max_leased));
-    END IF;
-    IF p_group_max_leased < 0 THEN
-        PERFORM batonq._invalid_argument(format('group_max_leased must be 1 or more, or 0 for no limit (got %s)', p_group_max_leased));
-    END IF;
-    IF p_rate_limit < 0 THEN
-        PERFORM batonq._invalid_argument(format('rate_limit must be 1 or more, or 0 for no limit (got %s)', p_rate_limit));
-    END IF;
-    IF p_group_rate_limit < 0 THEN
-        PERFORM batonq._invalid_argument(format('group_rate_limit must be 1 or more, or 0 for no limit (got %s)', p_group_rate_limit));
-    END IF;
+    PERFORM batonq._check_limit('max_leased', p_max_leased);
+    PERFORM batonq._check_limit('group_max_leased', p_group_max_leased);
+    PERFORM batonq._check_limit('rate_limit', p_rate_limit);
+    PERFORM batonq._check_limit('group_rate_limit', p_group_rate_limit);
     IF p_rate_period_s <= 0 OR p_rate_period_s > 86400 OR p_rate_period_s = 'NaN' THEN
         PERFORM batonq._invalid_argument(format('rate_period_s must be above 0 and at most 86400 (a day) (got %s)', p_rate_period_s));
     END IF;
