@@ -52,7 +52,8 @@ class Tally:
 @click.option("--held", is_flag=True, help="Enqueue held: not claimable until `batonq release`.")
 @click.option("--parent", "parent_id", type=TASK_ID, help="The task this one is a child of.")
 @click.option("--group", metavar="GROUP",
-              help="The task's group (a customer id, say), for the queue's --group-max-leased.")  # fmt: skip
+              help="The task's group (a customer id, say), for the queue's "
+                   "--group-max-leased and --group-rate-limit.")  # fmt: skip
 @click.option("--debounce-key", metavar="KEY",
               help="Debounce: enqueues of KEY less than --debounce apart make one task.")  # fmt: skip
 @click.option("--debounce", "debounce_s", type=float, metavar="SECONDS",
