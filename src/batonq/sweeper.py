@@ -14,9 +14,10 @@ import psycopg
 
 from batonq import schedules
 
-__all__ = ["Sweeper"]
+__all__ = ["APPLICATION_NAME", "Sweeper"]
 
 log = logging.getLogger("batonq.sweeper")
+APPLICATION_NAME = "batonq sweeper"
 _LEADER_KEY = 0x6261_746F_6E71_01  # "batonq" + 1
 # Vacuuming is a duty apart, held by one process among those whose role may
 # vacuum the hot table: the leader is often a worker's sweeper, whose role
@@ -104,7 +105,8 @@ class Sweeper:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._dsn, autocommit=True) as conn:
+                # Named, so an operator finds the sweepers in pg_stat_activity.
+                with psycopg.connect(self._dsn, autocommit=True, application_name=APPLICATION_NAME) as conn:
                     self._conn = conn
                     try:
                         self._lead(conn)

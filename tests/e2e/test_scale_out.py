@@ -21,6 +21,8 @@ from tests.e2e.conftest import Serve
 from tests.e2e.live import new_key
 from tests.waiting import wait_for
 
+from batonq.sweeper import APPLICATION_NAME
+
 Q = "scale:jobs"
 EVENTS = "scale:events"
 # 3,000 in the suite; BATONQ_TEST_SCALE_TASKS=10000 for the full size.
@@ -260,11 +262,11 @@ def test_serve_workers_runs_that_many_processes_on_one_port(
         assert len(http.post("/v1/claim", json={"queue": "scale:w", "max_tasks": 20}).json()["tasks"]) == 20
 
     def sweepers() -> int:
-        # One sweeper per process: one leads (sweep), the other stands by (try-lock).
+        # One sweeper per process: one leads, the other stands by.
         row = sql.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND pid <> pg_backend_pid()"
-            " AND query ~ 'batonq.sweep|batonq.maintain|pg_try_advisory_lock|pg_stat_user_tables'"
+            " AND application_name = %s",
+            (APPLICATION_NAME,),
         ).fetchone()
         return int(row[0]) if row else 0
 
