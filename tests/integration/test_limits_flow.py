@@ -378,6 +378,23 @@ def test_a_lapsed_lease_is_taken_up_again_only_with_room_under_the_limit(
     assert client.claim(Q) == []  # the limit is taken again
 
 
+def test_a_lapsed_lease_taken_up_again_takes_no_rate_token(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    """The attempt was paid for by its claim: taking its lease up again goes
+    on with it, and leaves the bucket's tokens to new claims."""
+    admin.configure_queue(Q, rate_limit=2, rate_period_s=3600)
+    admin.enqueue_many(Q, [{"n": n} for n in range(3)])
+    [lapsing] = client.claim(Q)
+    sql.execute(
+        "UPDATE batonq.tasks SET lease_expires_at = now() - interval '1 s' WHERE id = %s", (lapsing.task_id,)
+    )
+    assert admin.sweep() == 1
+    assert client.heartbeat(lapsing.lease_token).accepted
+    assert len(client.claim(Q, max_tasks=3)) == 1  # the bucket's second token, as before the lapse
+    assert client.claim(Q) == []
+
+
 def test_a_tasks_group_is_shown_on_the_task_and_its_lease_hot_and_archived(admin: batonq.Client) -> None:
     one = admin.enqueue(Q, {"n": 1}, group="customer-7")
     both = admin.enqueue_many(Q, [{"n": 2}, {"n": 3}], group="customer-8")
@@ -396,3 +413,29 @@ def test_a_tasks_group_is_shown_on_the_task_and_its_lease_hot_and_archived(admin
     admin.enqueue("limits:debounced", {"v": 2}, group="b", debounce_key="k", debounce_s=60)
     task = admin.task(first.task_id)
     assert (task.payload, task.group) == ({"v": 2}, "b")
+
+
+def test_a_batons_task_is_in_its_parents_group_and_counts_against_its_limits(admin: batonq.Client) -> None:
+    admin.add_edge("limits:orders", "limits:invoices")
+    admin.add_edge("limits:orders", "limits:lines", fan_out="/lines")
+    admin.add_edge("limits:lines", "limits:totals", join=True)
+    admin.configure_queue("limits:invoices", group_max_leased=1)
+    admin.enqueue_many("limits:orders", [{"n": 1}, {"n": 2}], group="acme")
+    admin.enqueue("limits:orders", {"n": 3})
+    for lease in admin.claim("limits:orders", max_tasks=3):
+        admin.complete(lease.lease_token, {"lines": [1, 2]})
+
+    # Plain edge: the batch's batons in one statement, each in its parent's group.
+    invoices = admin.tasks("limits:invoices", limit=10)
+    assert sorted((t.group or "") for t in invoices) == ["", "acme", "acme"]
+    # acme's limit of 1 holds for its batons: one of its two, and the task without a group.
+    leases = admin.claim("limits:invoices", max_tasks=3)
+    assert sorted((lease.group or "") for lease in leases) == ["", "acme"]
+
+    # Fan-out elements and their join: one by one, in the parent's group too.
+    lines = admin.claim("limits:lines", max_tasks=6)
+    assert sorted((lease.group or "") for lease in lines) == ["", "", "acme", "acme", "acme", "acme"]
+    for lease in lines:
+        admin.complete(lease.lease_token, lease.row)
+    totals = admin.claim("limits:totals", max_tasks=3)
+    assert sorted((lease.group or "") for lease in totals) == ["", "acme", "acme"]
