@@ -173,6 +173,9 @@ def enqueue_many(
     )
 
 
+_CLAIM = "batonq.claim(%s, %s, %s, %s, %s)"  # queue, worker, max_tasks, lease_s, key_id
+
+
 def claim(
     queue: str,
     *,
@@ -182,7 +185,7 @@ def claim(
     key_id: int | None = None,
 ) -> Call[list[Lease]]:
     return Call(
-        "SELECT * FROM batonq.claim(%s, %s, %s, %s, %s)",
+        f"SELECT * FROM {_CLAIM}",
         (queue, worker, max_tasks, lease_s, key_id),
         _all(Lease),
     )
@@ -207,7 +210,7 @@ def claim_or_rate_wait(
         return [Lease(*row[:-1]) for row in rows], 0.0
 
     return Call(
-        "WITH c AS (SELECT * FROM batonq.claim(%s, %s, %s, %s, %s))"
+        f"WITH c AS (SELECT * FROM {_CLAIM})"
         " SELECT c.*, NULL::double precision FROM c"
         " UNION ALL SELECT (NULL::batonq.lease).*, batonq.rate_wait_s(%s) WHERE NOT EXISTS (SELECT FROM c)",
         (queue, worker, max_tasks, lease_s, key_id, queue),
