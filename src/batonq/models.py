@@ -45,6 +45,7 @@ TASK_STATES = ("waiting", "held", "pending", "leased", "done", "dead", "cancelle
 FINISHED_STATES = ("done", "dead", "cancelled")
 SET_ASIDE_KINDS = ("complete", "fail", "heartbeat", "release")
 AUDITED_KINDS = ("queue", "schedule")
+MISSED_TICKS = ("fire-once", "skip")  # what a schedule does with ticks missed while no firer ran
 
 
 class _Missing:
@@ -65,12 +66,14 @@ class Shown:
     """How a model's field is shown over HTTP and MCP (``schemas`` derives
     the response bodies from it): under ``name`` (the field's own when
     None), with ``description``; a task id (``ref``) as ``t_5521``;
-    ``choices``: the only values it takes."""
+    ``choices``: the only values it takes; ``sent=False``: kept for Python
+    callers, never sent."""
 
     description: str | None = None
     name: str | None = None
     ref: bool = False
     choices: tuple[str, ...] | None = None
+    sent: bool = True
 
 
 def shown(
@@ -79,10 +82,11 @@ def shown(
     name: str | None = None,
     ref: bool = False,
     choices: tuple[str, ...] | None = None,
+    sent: bool = True,
 ) -> dict[str, Shown]:
     """A field's metadata saying how it is shown:
     ``errors: list[...] = field(metadata=shown("every attempt's error"))``."""
-    return {SHOWN: Shown(description, name, ref, choices)}
+    return {SHOWN: Shown(description, name, ref, choices, sent)}
 
 
 def task_id(value: int | str) -> int:
@@ -397,12 +401,12 @@ class Schedule:
     tz: str
     queue: str
     payload: JSON
-    missed: str
+    missed: str = field(metadata=shown(choices=MISSED_TICKS))
     paused: bool
-    armed_at: datetime
-    next_tick: datetime | None
+    armed_at: datetime = field(metadata=shown(sent=False))
+    next_tick: datetime | None = field(metadata=shown("null until the sweeper has reckoned it"))
     last_tick: datetime | None
-    last_task_id: int | None
+    last_task_id: int | None = field(metadata=shown(ref=True))
     created_at: datetime
 
 

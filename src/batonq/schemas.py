@@ -100,6 +100,7 @@ FencingToken = Annotated[int, Field(ge=1, le=MAX_ID), _Integral, _between(1, MAX
 
 State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
 RunState = Literal["running", "done", "failed"]
+Missed = Literal["fire-once", "skip"]  # models.MISSED_TICKS
 QueueName = Field(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])
 
 
@@ -136,6 +137,8 @@ class Derived(BaseModel):
         shown = []
         for field in dataclasses.fields(of):
             how = field.metadata.get(models.SHOWN, models.Shown())
+            if not how.sent:
+                continue
             name = how.name or field.name
             annotations[name] = _sent_type(hints[field.name], how)
             if how.description is not None:
@@ -577,32 +580,13 @@ class ScheduleIn(Strict):
     queue: str = QueueName
     payload: Any = Field(default_factory=dict, description="what each tick enqueues")
     tz: str = Field("UTC", max_length=64, examples=["Europe/Berlin"], description="IANA time zone")
-    missed: Literal["fire-once", "skip"] = Field(
+    missed: Missed = Field(
         "fire-once", description="ticks missed while no sweeper ran: one task for them all, or none"
     )
 
 
-class ScheduleOut(BaseModel):
-    name: str
-    cron: str
-    tz: str
-    queue: str
-    payload: Any
-    missed: Literal["fire-once", "skip"]
-    paused: bool
-    next_tick: datetime | None = Field(description="null until the sweeper has reckoned it")
-    last_tick: datetime | None
-    last_task_id: str | None
-    created_at: datetime
-
-    @classmethod
-    def of(cls, found: models.Schedule) -> ScheduleOut:
-        return cls(
-            name=found.name, cron=found.cron, tz=found.tz, queue=found.queue, payload=found.payload,
-            missed=cast(Literal["fire-once", "skip"], found.missed), paused=found.paused,
-            next_tick=found.next_tick, last_tick=found.last_tick, last_task_id=tid(found.last_task_id),
-            created_at=found.created_at,
-        )  # fmt: skip
+class ScheduleOut(Derived, of=models.Schedule):
+    pass
 
 
 class SchedulesOut(BaseModel):

@@ -8,7 +8,7 @@ import click
 
 from batonq.cli.common import JSON_VALUE, json_option, open_client
 from batonq.cli.output import echo_json, print_table, tid
-from batonq.models import Schedule
+from batonq.models import MISSED_TICKS, Schedule
 
 __all__ = ["schedule"]
 
@@ -44,7 +44,7 @@ def schedule() -> None:
 @click.option("--payload", "payload", type=JSON_VALUE, default="{}", show_default=True, metavar="JSON",
               help="The payload each tick enqueues.")  # fmt: skip
 @click.option("--tz", default="UTC", show_default=True, metavar="ZONE", help="IANA time zone of the cron.")
-@click.option("--missed", type=click.Choice(["fire-once", "skip"]), default="fire-once", show_default=True,
+@click.option("--missed", type=click.Choice(MISSED_TICKS), default="fire-once", show_default=True,
               help="Ticks missed while no sweeper ran: one task for them all, or none.")  # fmt: skip
 @json_option
 @click.pass_context

@@ -40,6 +40,7 @@ from batonq.models import FINISHED_STATES, Enqueued, Lease, Submitted, task_ref
 from batonq.rings import ADMIN, OPERATOR, RINGS
 from batonq.schemas import (
     EnqueueOut,
+    Missed,
     QueueSettingsOut,
     QueueStatsOut,
     ScheduleOut,
@@ -484,7 +485,7 @@ async def batonq_schedule(
     payload: Annotated[Any, Field(description="For add: what each tick enqueues (default {}).")] = None,
     tz: Annotated[str, Field(max_length=64, description="For add: IANA time zone (Europe/Berlin).")] = "UTC",
     missed: Annotated[
-        Literal["fire-once", "skip"],
+        Missed,
         Field(description="For add: ticks missed while no sweeper ran make one task (fire-once) or none."),
     ] = "fire-once",
 ) -> ScheduleChange:
