@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from batonq.errors import InvalidArgument
 
@@ -40,9 +40,13 @@ def check(cron: str, tz: str) -> None:
             " or six with seconds last"
         )
     try:
-        ZoneInfo(tz)
+        zone = ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError):
         raise InvalidArgument(f"unknown time zone {tz!r}: use an IANA name such as Europe/Berlin") from None
+    try:
+        _after(cron, zone, datetime.now(UTC))
+    except CroniterBadDateError:
+        raise InvalidArgument(f"cron expression {cron!r} never fires (no such date)") from None
 
 
 def _after(cron: str, zone: ZoneInfo, moment: datetime) -> datetime:

@@ -41,6 +41,12 @@ SELECT format('%%I.%%I', n.nspname, c.relname)
 """
 
 
+def _log_warning(notice: psycopg.errors.Diagnostic) -> None:
+    """The engine's warnings (a schedule's skipped tick) in the sweeper's log."""
+    if notice.severity_nonlocalized == "WARNING":
+        log.warning("%s", notice.message_primary)
+
+
 class Sweeper:
     """Runs ``batonq.sweep()`` and fires the schedules' due ticks about every
     ``interval_s`` seconds and ``batonq.maintain()`` every
@@ -83,6 +89,7 @@ class Sweeper:
         self.swept = 0
         self.vacuums = 0
         self.fired = 0
+        self._unreadable: set[str] = set()  # schedules warned of as unreadable
 
     def start(self) -> None:
         if self._thread is None:
@@ -107,6 +114,7 @@ class Sweeper:
             try:
                 # Named, so an operator finds the sweepers in pg_stat_activity.
                 with psycopg.connect(self._dsn, autocommit=True, application_name=APPLICATION_NAME) as conn:
+                    conn.add_notice_handler(_log_warning)
                     self._conn = conn
                     try:
                         self._lead(conn)
@@ -160,12 +168,22 @@ class Sweeper:
                     cron, tz, armed_at=armed_at, next_tick=next_tick, now=now, grace_s=self.schedule_grace_s
                 )
             except (ValueError, KeyError, LookupError) as error:  # written past the client's check
-                log.warning("schedule %s cannot be read (%s); skipped", name, error)
+                if name not in self._unreadable:
+                    self._unreadable.add(name)
+                    log.warning("schedule %s cannot be read (%s); skipped", name, error)
                 continue
-            row = conn.execute(
-                "SELECT batonq.fire_schedule(%s, %s, %s, %s, %s::timestamptz[], %s)",
-                (name, armed_at, next_tick, due.missed, due.ticks, due.next_tick),
-            ).fetchone()
+            try:
+                row = conn.execute(
+                    "SELECT batonq.fire_schedule(%s, %s, %s, %s, %s::timestamptz[], %s)",
+                    (name, armed_at, next_tick, due.missed, due.ticks, due.next_tick),
+                ).fetchone()
+            except psycopg.OperationalError:
+                raise  # the connection: the sweeper connects again
+            except psycopg.Error as error:
+                # One schedule's failure is its own: the others fire, and
+                # the sweep and maintenance go on.
+                log.warning("schedule %s did not fire (%s)", name, error)
+                continue
             self.fired += int(row[0]) if row else 0
 
     def _vacuum(self, conn: psycopg.Connection) -> None:

@@ -83,12 +83,38 @@ def test_queue_settings_changes_are_audited_with_who(admin: batonq.Client) -> No
 
 @pytest.mark.parametrize(
     ("cron", "tz", "message"),
-    [("every minute", "UTC", "invalid cron expression"), ("* * * * *", "Mars/Olympus", "unknown time zone")],
+    [
+        ("every minute", "UTC", "invalid cron expression"),
+        ("* * * * *", "Mars/Olympus", "unknown time zone"),
+        ("0 0 30 2 *", "UTC", "never fires"),  # 30 February
+    ],
 )
 def test_bad_cron_or_time_zone_is_refused(admin: batonq.Client, cron: str, tz: str, message: str) -> None:
     with pytest.raises(batonq.InvalidArgument, match=message):
         admin.add_schedule("bad", cron, "q", tz=tz)
     assert admin.schedules() == []
+
+
+def test_a_tick_the_queue_refuses_is_skipped_and_the_other_schedules_fire(
+    admin: batonq.Client, admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A schedule whose payload its queue refuses (its limit lowered after
+    the schedule was added) loses that tick; it does not stop the firer."""
+    admin.add_schedule("too-big", EVERY_SECOND, "ticks:small", payload={"text": "x" * 500})
+    admin.configure_queue("ticks:small", max_body_bytes=100)
+    admin.add_schedule("fine", EVERY_SECOND, "ticks:fine")
+    sweeper = batonq.Sweeper(admin_dsn, interval_s=0.2)
+    sweeper.start()
+    try:
+        wait_for(lambda: len(admin.tasks("ticks:fine")) >= 3, timeout=20, what="three ticks of 'fine'")
+        skipped = "schedule too-big did not fire its tick"
+        wait_for(lambda: skipped in caplog.text, timeout=10, what="the skip logged")
+    finally:
+        sweeper.stop()
+    assert admin.tasks("ticks:small") == []
+    [too_big] = [s for s in admin.schedules() if s.name == "too-big"]
+    moved_on = datetime.now().astimezone() - timedelta(seconds=5)
+    assert too_big.next_tick is not None and too_big.next_tick > moved_on
 
 
 def test_a_repeated_firing_call_enqueues_nothing_more(

@@ -23,6 +23,15 @@ def test_a_daily_tick_stays_at_its_wall_clock_time_across_dst() -> None:
     assert (due.missed, due.ticks, due.next_tick) == (None, [], utc(2026, 3, 29, 5))
 
 
+def test_a_tick_in_the_hour_dst_repeats_fires_at_both_of_its_moments() -> None:
+    # 02:30 in Berlin happens twice on 31 October 2027: 00:30 UTC (summer
+    # time) and 01:30 UTC (winter time), as docs/flow-control.md says.
+    due = plan("30 2 * * *", "Europe/Berlin", armed_at=utc(2027, 10, 30, 12), next_tick=None,
+               now=utc(2027, 10, 31, 3), grace_s=10**9)  # fmt: skip
+    assert due.ticks == [utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 1, 30)]
+    assert due.next_tick == utc(2027, 11, 1, 1, 30)
+
+
 def test_ticks_within_the_grace_fire_and_older_ones_are_missed() -> None:
     now = utc(2026, 1, 1, 12, 0, 10, 500000)
     nine = utc(2026, 1, 1, 12, 0, 9)

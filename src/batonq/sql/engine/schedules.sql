@@ -164,7 +164,18 @@ BEGIN
                             WHERE f.schedule = p_name AND f.tick = t.tick)
          ORDER BY t.tick
     LOOP
-        v_task := batonq.enqueue(v_schedule.queue, v_schedule.payload);
+        BEGIN
+            v_task := batonq.enqueue(v_schedule.queue, v_schedule.payload);
+        EXCEPTION WHEN SQLSTATE 'BQ001' OR SQLSTATE 'BQ003' OR SQLSTATE 'BQ004' OR SQLSTATE 'BQ010'
+                    OR SQLSTATE 'BQ011' THEN
+            -- The queue refuses the payload (its max_body_bytes was lowered
+            -- since, say): this tick is skipped, as if missed, and the
+            -- schedule goes on (the firer logs the warning). An error here
+            -- would undo the move to p_next_tick, and the schedule would come
+            -- due again every round, ahead of every other.
+            RAISE WARNING 'schedule % did not fire its tick of %: %', p_name, v_tick, SQLERRM;
+            CONTINUE;
+        END;
         INSERT INTO batonq.schedule_firings (schedule, tick, task_id, catch_up)
         VALUES (p_name, v_tick, v_task.task_id, v_catch_up);
         UPDATE batonq.schedules SET last_tick = v_tick, last_task_id = v_task.task_id WHERE name = p_name;
