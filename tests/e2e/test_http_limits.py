@@ -213,3 +213,27 @@ def test_queues_come_a_page_at_a_time_within_the_keys_scopes(serve: Serve) -> No
             assert pages(scoped, 2) == [names[:2], names[2:4], [names[4], "page:b1"], []]
             assert pages(scoped, 1) == [[n] for n in [*names[:5], "page:b1"]] + [[]]
             problem(scoped.get("/v1/queues", params={"limit": 1001}), 422, "invalid_request")
+
+
+def test_a_claiming_stream_leases_nothing_once_its_subscriber_is_gone(serve: Serve) -> None:
+    """A gone subscriber's stream ends at once, its claim in flight with it:
+    nothing is leased for a connection that is gone."""
+    server: LiveServer = serve("--max-streams-per-key", "1", "--keepalive", "30")
+    assert server.admin_key
+    with server.http(server.admin_key) as admin:
+        _, key = new_key(admin, 2)
+    path = "/v1/stream?queue=limits:dropped&claim=true"
+    wait = {"queue": "limits:dropped", "wait_s": 0.2}
+    with server.http(key) as http:
+        with server.http(key) as dropping, dropping.stream("GET", path) as sse:
+            lines = sse.iter_lines()  # kept: dropping the iterator closes the response
+            assert next(lines) == ": ready"
+            problem(http.post("/v1/claim", json=wait), 429, "too_many_streams")
+        # The connection is closed; the stream waits in a claim for 30 s.
+        wait_for(
+            lambda: http.post("/v1/claim", json=wait).status_code == 200,
+            timeout=10,
+            what="the gone subscriber's slot free",
+        )
+        enqueue(http, "limits:dropped", {"n": 1})
+        assert claim_one(http, "limits:dropped")["attempt"] == 1  # nobody claimed it before

@@ -58,6 +58,7 @@ async def _until(stopping: asyncio.Event, events: AsyncIterator[str]) -> AsyncIt
     """``events`` until ``stopping`` is set: then the stream ends as any
     response does (the client reads its end, not a broken connection)."""
     stop = asyncio.ensure_future(stopping.wait())
+    step: asyncio.Future[str] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(events))
@@ -72,6 +73,11 @@ async def _until(stopping: asyncio.Event, events: AsyncIterator[str]) -> AsyncIt
                 return
     finally:
         stop.cancel()
+        # Cancelled from outside (the client went away): the step in flight
+        # goes too. Left running, a claim in it would lease a task for a
+        # connection that is gone: an attempt spent, a lease to wait out.
+        if step is not None:
+            step.cancel()
 
 
 class HeldStream(StreamingResponse):
