@@ -29,6 +29,7 @@ __all__ = [
     "MAX_RATE_PERIOD_S",
     "MAX_WAIT_S",
     "MIN_LEASE_S",
+    "MIN_RATE_PERIOD_S",
     "QUEUE_NAME",
     "QUEUE_NAME_PATTERN",
 ]
@@ -53,8 +54,9 @@ MAX_PAGE: Final = 1000
 """The most tasks one listing returns."""
 MAX_GROUP_LENGTH: Final = 128
 """A task's group (``enqueue(group=...)``) is 1 to this many characters."""
+MIN_RATE_PERIOD_S: Final = 0.001
 MAX_RATE_PERIOD_S: Final = 86400
-"""A queue's ``rate_period_s`` is above 0 and at most this (a day)."""
+"""A queue's ``rate_period_s`` is from a millisecond to a day."""
 
 MAX_BODY_BYTES: Final = 131072
 """A queue's default ``max_body_bytes`` (128 KiB): payload, result and error

@@ -35,6 +35,7 @@ from batonq.limits import (
     MAX_RATE_PERIOD_S,
     MAX_WAIT_S,
     MIN_LEASE_S,
+    MIN_RATE_PERIOD_S,
     QUEUE_NAME_PATTERN,
 )
 from batonq.models import task_ref
@@ -86,7 +87,9 @@ MaxTasks = Annotated[
 ]
 RetentionS = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
 Limit = Annotated[int, Field(ge=0, le=2**31 - 1), _Integral, _between(0, 2**31 - 1)]
-RatePeriodS = Annotated[float, Field(gt=0, le=MAX_RATE_PERIOD_S), _between(0, MAX_RATE_PERIOD_S)]
+RatePeriodS = Annotated[
+    float, Field(ge=MIN_RATE_PERIOD_S, le=MAX_RATE_PERIOD_S), _between(MIN_RATE_PERIOD_S, MAX_RATE_PERIOD_S)
+]
 BodyBytes = Annotated[
     int, Field(ge=1, le=MAX_QUEUE_BODY_BYTES), _Integral, _between(1, MAX_QUEUE_BODY_BYTES)
 ]

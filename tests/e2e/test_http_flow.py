@@ -115,7 +115,10 @@ def test_limits_are_set_shown_and_removed_over_http(http: httpx.Client) -> None:
     assert [cleared[name] for name in names] == [None, 1, None, None]
     problem(http.patch("/v1/queues/shop:limited", json={"max_leased": -1}), 422, "invalid_request")
     problem(http.patch("/v1/queues/shop:limited", json={"group_rate_limit": -1}), 422, "invalid_request")
-    problem(http.patch("/v1/queues/shop:limited", json={"rate_period_s": 0}), 422, "invalid_request")
+    for period in (0, 1e-300, 5e-324):  # under a millisecond: the buckets' arithmetic would overflow
+        refused = http.patch("/v1/queues/shop:limited", json={"rate_period_s": period})
+        problem(refused, 422, "invalid_request")
+        assert "must be between 0.001 and 86400" in refused.json()["error"]["message"]
     [change, *_] = http.get("/v1/audit", params={"kind": "queue", "name": "shop:limited"}).json()["entries"]
     assert (change["before"]["max_leased"], change["after"]["max_leased"]) == (3, None)
 

@@ -110,8 +110,10 @@ def test_configure_queue_refuses_bad_limits_saying_which(admin: batonq.Client) -
         ({"group_max_leased": -2}, "group_max_leased must be 1 or more, or 0 for no limit (got -2)"),
         ({"rate_limit": -3}, "rate_limit must be 1 or more, or 0 for no limit (got -3)"),
         ({"group_rate_limit": -4}, "group_rate_limit must be 1 or more, or 0 for no limit (got -4)"),
-        ({"rate_period_s": 0}, "rate_period_s must be above 0 and at most 86400"),
-        ({"rate_period_s": limits.MAX_RATE_PERIOD_S + 1}, "rate_period_s must be above 0 and at most 86400"),
+        ({"rate_period_s": 0}, "rate_period_s must be between 0.001 and 86400 seconds (got 0)"),
+        ({"rate_period_s": limits.MIN_RATE_PERIOD_S / 2}, "rate_period_s must be between 0.001 and 86400"),
+        ({"rate_period_s": 5e-324}, "rate_period_s must be between 0.001 and 86400"),
+        ({"rate_period_s": limits.MAX_RATE_PERIOD_S + 1}, "rate_period_s must be between 0.001 and 86400"),
     ]
     for settings, message in refusals:
         with pytest.raises(batonq.InvalidArgument, match=re.escape(message)):

@@ -395,6 +395,24 @@ def test_a_lapsed_lease_taken_up_again_takes_no_rate_token(
     assert client.claim(Q) == []
 
 
+def test_the_same_rate_sent_again_keeps_the_buckets_and_a_new_one_fills_them(
+    admin: batonq.Client, client: batonq.Client
+) -> None:
+    """Settings applied again by a deployment must not hand out a new
+    bucket each time."""
+    admin.configure_queue(Q, rate_limit=3, group_rate_limit=2, rate_period_s=3600)
+    admin.enqueue_many(Q, [{"n": n} for n in range(20)], group="g")
+    assert len(client.claim(Q, max_tasks=10)) == 2  # the group's bucket
+    admin.configure_queue(Q, rate_limit=3, group_rate_limit=2, rate_period_s=3600)
+    assert client.claim(Q, max_tasks=10) == []
+    admin.configure_queue(Q, group_rate_limit=0)
+    assert len(client.claim(Q, max_tasks=10)) == 1  # the queue's third token
+    admin.configure_queue(Q, rate_limit=3, rate_period_s=3600.0)
+    assert client.claim(Q, max_tasks=10) == []
+    admin.configure_queue(Q, rate_limit=4)  # a new rate: a full bucket
+    assert len(client.claim(Q, max_tasks=10)) == 4
+
+
 def test_a_tasks_group_is_shown_on_the_task_and_its_lease_hot_and_archived(admin: batonq.Client) -> None:
     one = admin.enqueue(Q, {"n": 1}, group="customer-7")
     both = admin.enqueue_many(Q, [{"n": 2}, {"n": 3}], group="customer-8")

@@ -9,7 +9,7 @@ import click
 
 from batonq.cli.common import LIMIT, json_option, open_client
 from batonq.cli.output import echo_json, format_age, print_table
-from batonq.limits import MAX_LEASE_S, MAX_PAGE, MAX_RATE_PERIOD_S, MIN_LEASE_S
+from batonq.limits import MAX_LEASE_S, MAX_PAGE, MAX_RATE_PERIOD_S, MIN_LEASE_S, MIN_RATE_PERIOD_S
 from batonq.models import QueueConfig, QueueStats
 
 __all__ = ["audit", "queue", "queues"]
@@ -158,7 +158,7 @@ def queue() -> None:
     help="At most N claims per --rate-period for each group (0 or none: no limit).",
 )  # fmt: skip
 @click.option(
-    "--rate-period", "rate_period_s", type=click.FloatRange(0, MAX_RATE_PERIOD_S, min_open=True),
+    "--rate-period", "rate_period_s", type=click.FloatRange(MIN_RATE_PERIOD_S, MAX_RATE_PERIOD_S),
     metavar="SECONDS",
     help="The rate limits' period (default 1).",
 )  # fmt: skip

@@ -33,17 +33,21 @@ CREATE OR REPLACE FUNCTION batonq.configure_queue(
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 DECLARE
-    v_queue batonq.queues;
+    v_queue  batonq.queues;
+    v_before batonq.queues;
 BEGIN
     PERFORM batonq._check_limit('max_leased', p_max_leased);
     PERFORM batonq._check_limit('group_max_leased', p_group_max_leased);
     PERFORM batonq._check_limit('rate_limit', p_rate_limit);
     PERFORM batonq._check_limit('group_rate_limit', p_group_rate_limit);
-    IF p_rate_period_s <= 0 OR p_rate_period_s > 86400 OR p_rate_period_s = 'NaN' THEN
-        PERFORM batonq._invalid_argument(format('rate_period_s must be above 0 and at most 86400 (a day) (got %s)', p_rate_period_s));
+    -- From a millisecond: a shorter period overflows the buckets' arithmetic.
+    IF p_rate_period_s < 0.001 OR p_rate_period_s > 86400 OR p_rate_period_s = 'NaN' THEN
+        PERFORM batonq._invalid_argument(
+            format('rate_period_s must be between 0.001 and 86400 seconds (got %s)', p_rate_period_s));
     END IF;
     PERFORM batonq._act_as(p_actor);
     PERFORM batonq._queue(p_queue, true);
+    SELECT * INTO v_before FROM batonq.queues WHERE name = p_queue FOR UPDATE;
     UPDATE batonq.queues SET
         lease_s          = coalesce(p_lease_s, lease_s),
         max_attempts     = coalesce(p_max_attempts, max_attempts),
@@ -62,11 +66,14 @@ BEGIN
     WHERE name = p_queue
     RETURNING * INTO v_queue;
     PERFORM batonq._act_as(NULL);
-    -- A new rate starts with full buckets.
-    IF p_rate_limit IS NOT NULL OR p_rate_period_s IS NOT NULL THEN
+    -- A new rate starts with full buckets; the same rate sent again (a
+    -- deployment applying its settings) leaves them as they are.
+    IF (v_queue.rate_limit, v_queue.rate_period_s)
+       IS DISTINCT FROM (v_before.rate_limit, v_before.rate_period_s) THEN
         DELETE FROM batonq.rate_buckets WHERE queue = p_queue;
     END IF;
-    IF p_group_rate_limit IS NOT NULL OR p_rate_period_s IS NOT NULL THEN
+    IF (v_queue.group_rate_limit, v_queue.rate_period_s)
+       IS DISTINCT FROM (v_before.group_rate_limit, v_before.rate_period_s) THEN
         DELETE FROM batonq.group_rate_buckets WHERE queue = p_queue;
     END IF;
     -- Unpaused, or a limit raised or removed: claims may find tasks now.
