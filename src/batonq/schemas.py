@@ -602,3 +602,7 @@ class AuditEntryOut(Derived, of=models.AuditEntry):
 
 class AuditOut(BaseModel):
     entries: list[AuditEntryOut]
+    next_before_id: int | None = Field(
+        description="send as before_id for the next page; null at the end. A page may hold fewer"
+        " entries than limit (those of queues the key does not cover are left out) and still go on"
+    )

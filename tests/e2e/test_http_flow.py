@@ -36,6 +36,9 @@ def test_schedules_are_added_listed_paused_and_removed_within_scopes(
         assert other.get("/v1/schedules").json() == {"schedules": []}
         problem(other.post("/v1/schedules/nightly/resume"), 404, "schedule_not_found")
         problem(other.post("/v1/schedules", json=body), 403, "forbidden")
+        # Its name, on a queue it covers: refused without naming the other queue.
+        error = problem(other.post("/v1/schedules", json={**body, "queue": "shop:x"}), 403, "forbidden")
+        assert error["message"] == "this key may not replace schedule 'nightly'"
 
     [listed] = http.get("/v1/schedules").json()["schedules"]
     assert (listed["name"], listed["paused"]) == ("nightly", True)
@@ -47,6 +50,33 @@ def test_schedules_are_added_listed_paused_and_removed_within_scopes(
         (True, False), (False, False), (False, True),
     ]  # fmt: skip
     assert {e["actor"] for e in entries} == {"key:1"}
+
+
+def test_a_scoped_keys_audit_pages_past_other_queues_and_hides_what_it_does_not_cover(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    http.patch("/v1/queues/shop:audited", json={"lease_s": 30})
+    for n in range(1, 56):  # newer than shop's entry: another queue's
+        assert http.patch("/v1/queues/audit:other", json={"lease_s": n}).status_code == 200
+    moved = {"name": "moved", "cron": "0 * * * *", "queue": "audit:secret", "payload": {"secret": 1}}
+    assert http.post("/v1/schedules", json=moved).status_code == 200
+    assert http.post("/v1/schedules", json={**moved, "queue": "shop:audited"}).status_code == 200
+
+    made = http.post("/v1/keys", json={"ring": 0, "queues": ["shop:*"]}).json()
+    with server.http(made["key"]) as scoped:
+        page = scoped.get("/v1/audit", params={"limit": 1000}).json()
+        # The moved schedule's entries name audit:secret: not shown.
+        assert {e["name"] for e in page["entries"]} == {"shop:audited"}
+        assert page["next_before_id"] is None
+        # A page too short to reach shop's entry in ten reads ends with a cursor to go on from.
+        page = scoped.get("/v1/audit", params={"limit": 1, "kind": "queue"}).json()
+        assert page["entries"] == [] and page["next_before_id"] is not None
+        seen = []
+        while page["next_before_id"] is not None:
+            params = {"limit": 1, "kind": "queue", "before_id": page["next_before_id"]}
+            page = scoped.get("/v1/audit", params=params).json()
+            seen += [e["name"] for e in page["entries"]]
+        assert set(seen) == {"shop:audited"}
 
 
 def test_debounced_enqueue_over_http(http: httpx.Client) -> None:

@@ -34,6 +34,18 @@ async def test_a_worker_key_may_not_add_schedules(admin_dsn: str) -> None:
         assert message.endswith("forbidden: add of a schedule needs a key of ring 0 (admin) or stronger")
 
 
+async def test_another_queues_schedule_is_not_shown_to_exist(admin: batonq.Client, admin_dsn: str) -> None:
+    admin.add_schedule("hidden", "0 * * * *", "private:q")
+    async with stdio_session(admin_dsn, "--key", make_key(admin_dsn, 0, "shop:*")) as session:
+        for action in ("pause", "resume", "remove"):
+            message = await refused(session, "batonq_schedule", action=action, name="hidden")
+            assert "schedule hidden does not exist" in message and "private" not in message
+        args = {"action": "add", "name": "hidden", "cron": "* * * * *", "queue": "shop:q"}
+        message = await refused(session, "batonq_schedule", **args)
+        assert message.endswith("forbidden: this key may not replace schedule 'hidden'")
+    assert [s.queue for s in admin.schedules()] == ["private:q"]
+
+
 async def test_debounced_enqueue(admin_dsn: str) -> None:
     async with stdio_session(admin_dsn) as session:
         args = {"queue": "digest", "debounce_key": "user-7", "debounce_s": 60}

@@ -498,8 +498,11 @@ async def batonq_schedule(
     client = caller.client
     with _as_tool_errors():
         found = await client.schedule(name)
-        if found is not None:
-            caller.check_queue(found.queue)
+        if found is not None and not caller.access.covers(found.queue):
+            # As over HTTP: another queue's schedule is not shown to exist.
+            if action == "add":
+                raise ToolError(f"forbidden: this key may not replace schedule {name!r}")
+            raise errors.ScheduleNotFound(f"schedule {name} does not exist")
         actor = f"key:{caller.access.key_id}" if caller.access.key_id else f"mcp:{caller.worker}"
         if action == "add":
             if cron is None or queue is None:

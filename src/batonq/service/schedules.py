@@ -17,7 +17,7 @@ from batonq.rings import ADMIN, OBSERVER, OPERATOR
 from batonq.service.admin import actor
 from batonq.service.auth import require
 from batonq.service.body import JsonRoute
-from batonq.service.problems import ERROR_RESPONSES
+from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.state import client_of
 
 router = APIRouter(prefix="/v1", tags=["schedules"], responses=ERROR_RESPONSES, route_class=JsonRoute)
@@ -49,8 +49,9 @@ async def add_schedule(request: Request, body: s.ScheduleIn, access: Admin) -> s
     access.check_queue(body.queue)
     client = client_of(request)
     replaced = await client.schedule(body.name)
-    if replaced is not None:  # replacing one needs its queue covered too
-        access.check_queue(replaced.queue)
+    if replaced is not None and not access.covers(replaced.queue):
+        # Replacing one needs its queue covered too; which queue is not said.
+        raise ApiError(403, "forbidden", f"this key may not replace schedule {body.name!r}")
     added = await client.add_schedule(
         body.name, body.cron, body.queue, body.payload, tz=body.tz, missed=body.missed, actor=actor(access)
     )
@@ -78,10 +79,16 @@ async def pause_schedule(
 
 
 def _covered(access: Access, entry: AuditEntry) -> bool:
+    """Whether the key covers every queue the entry shows: a schedule moved
+    between queues shows both."""
     if entry.kind == "queue":
         return access.covers(entry.name)
-    row = entry.after or entry.before or {}
-    return access.covers(str(row.get("queue", "")))
+    return all(access.covers(str(row.get("queue", ""))) for row in (entry.before, entry.after) if row)
+
+
+# A key that covers few of the audited queues reads at most this many pages
+# of entries per request, and is given a cursor to go on from.
+_AUDIT_PAGES_READ = 10
 
 
 @router.get("/audit", response_model=s.AuditOut, summary="Who changed queue settings and schedules, and when")
@@ -94,7 +101,18 @@ async def audit(
     before_id: Annotated[int | None, Query(ge=1, le=s.MAX_ID)] = None,
 ) -> s.AuditOut:
     """Newest first, of the queues the key covers (a schedule: its queue).
-    `before_id` pages on; `before` is null for a creation, `after` for a removal."""
-    found = await client_of(request).settings_audit(kind=kind, name=name, limit=limit, before_id=before_id)
-    shown = [e for e in found if _covered(access, e)]
-    return s.AuditOut(entries=[s.AuditEntryOut.of(e) for e in shown])
+    `next_before_id` pages on (null at the end); `before` is null for a
+    creation, `after` for a removal."""
+    client = client_of(request)
+    shown: list[AuditEntry] = []
+    for _ in range(_AUDIT_PAGES_READ):
+        found = await client.settings_audit(kind=kind, name=name, limit=limit, before_id=before_id)
+        shown += [e for e in found if _covered(access, e)][: limit - len(shown)]
+        if len(shown) == limit:
+            before_id = shown[-1].id
+            break
+        if len(found) < limit:
+            before_id = None  # the end
+            break
+        before_id = found[-1].id
+    return s.AuditOut(entries=[s.AuditEntryOut.of(e) for e in shown], next_before_id=before_id)
