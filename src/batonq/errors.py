@@ -199,7 +199,14 @@ def from_database_error(error: psycopg.Error) -> Exception:
             except ValueError:
                 detail = {"detail": raw}
         return cls(error.diag.message_primary or str(error), **detail)
-    if sqlstate in ("3F000", "42883", "42P01") and "batonq" in str(error):
+    if sqlstate == "42883" and "batonq" in str(error):
+        # No function of that name takes arguments of these types: an
+        # argument of the wrong Python type, or a schema older than the code.
+        return SchemaMissing(
+            f"{error.diag.message_primary}: check the arguments' types (an int, not a bool or a float),"
+            " or run `batonq migrate` if this database's batonq schema is older than batonq"
+        )
+    if sqlstate in ("3F000", "42P01") and "batonq" in str(error):
         return SchemaMissing(
             "the batonq schema is missing or out of date in this database: run `batonq migrate`"
         )

@@ -90,6 +90,14 @@ def _json(value: JSON) -> Jsonb:
     return Jsonb(value)
 
 
+def _texts(**values: str | None) -> None:
+    """Refuse a value that is not text where the engine takes text: the
+    database would read a list as an array's text form (``'{a,b}'``)."""
+    for name, value in values.items():
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a string (got {type(value).__name__})")
+
+
 def enqueue(
     queue: str,
     payload: JSON,
@@ -106,6 +114,7 @@ def enqueue(
     keep: str = "last",
     group: str | None = None,
 ) -> Call[Enqueued]:
+    _texts(group=group, idempotency_key=idempotency_key, debounce_key=debounce_key)
     if debounce_key is not None or debounce_s is not None:
         if debounce_key is None or debounce_s is None:
             raise InvalidArgument("debounce needs both debounce_key and debounce_s")
@@ -117,8 +126,8 @@ def enqueue(
              None if max_wait_s is None else float(max_wait_s), keep, priority, max_attempts, group),
             _one(Enqueued),
         )  # fmt: skip
-    if max_wait_s is not None:
-        raise InvalidArgument("max_wait_s needs debounce_key and debounce_s")
+    if max_wait_s is not None or keep != "last":
+        raise InvalidArgument("max_wait_s and keep need debounce_key and debounce_s")
     return Call(
         "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
@@ -150,6 +159,9 @@ def enqueue_many(
     group: str | None = None,
 ) -> Call[list[Enqueued]]:
     """``groups`` runs parallel to ``payloads``; ``group`` puts them all in one."""
+    _texts(group=group)
+    for each in groups or ():
+        _texts(group=each)
     if group is not None:
         if groups is not None:
             raise InvalidArgument("give group or groups, not both")

@@ -200,6 +200,22 @@ def test_schema_missing(server_dsn: str) -> None:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def test_arguments_of_the_wrong_type_are_named_as_such(admin: batonq.Client) -> None:
+    """A list is not a group (the database would keep its array text); a
+    bool is not a limit (no function takes it: the error says to check the
+    types, not only to migrate)."""
+    for group in (["a", "b"], 5):
+        with pytest.raises(batonq.InvalidArgument, match="group must be a string"):
+            admin.enqueue(Q, {}, group=group)  # type: ignore[arg-type]
+    with pytest.raises(batonq.InvalidArgument, match="group must be a string"):
+        admin.enqueue_many(Q, [{}], groups=[["a"]])  # type: ignore[list-item]
+    with pytest.raises(batonq.InvalidArgument, match="keep need debounce_key"):
+        admin.enqueue(Q, {}, keep="first")
+    with pytest.raises(batonq.SchemaMissing, match="check the arguments' types"):
+        admin.configure_queue(Q, max_leased=1.5)  # type: ignore[arg-type]
+    assert admin.tasks(Q) == []
+
+
 def test_other_database_errors_pass_through(conn: psycopg.Connection[Any]) -> None:
     with pytest.raises(psycopg.errors.DivisionByZero) as raised:
         conn.execute("SELECT 1 / 0")
