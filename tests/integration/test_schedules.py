@@ -79,6 +79,12 @@ def test_queue_settings_changes_are_audited_with_who(admin: batonq.Client) -> No
     assert newest.actor == "key:3" and newest.before and newest.after
     assert (newest.before["paused"], newest.after["paused"]) == (False, True)
     assert older.after and older.after["lease_s"] == 60
+    # A schedule's new queue is made by the one who adds the schedule.
+    admin.add_schedule("for-new", "0 * * * *", "shop:new", actor="key:4")
+    [made] = admin.settings_audit(kind="queue", name="shop:new")
+    assert (made.actor, made.before) == ("key:4", None)
+    with pytest.raises(batonq.InvalidQueueName):
+        admin.add_schedule("bad-queue", "0 * * * *", "Not A Queue")
 
 
 @pytest.mark.parametrize(

@@ -26,9 +26,10 @@ CREATE OR REPLACE FUNCTION batonq.add_schedule(
 ) RETURNS batonq.schedules
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    v_queue    batonq.queues := batonq._queue(p_queue, true);
+    v_queue    batonq.queues;
     v_schedule batonq.schedules;
 BEGIN
+    PERFORM batonq._check_queue_name(p_queue);
     IF p_name IS NULL OR NOT batonq._valid_queue_name(p_name) THEN
         PERFORM batonq._invalid_argument(format(
             'invalid schedule name %s: use 1-128 characters from a-z 0-9 _ . : - starting with a letter or digit',
@@ -44,8 +45,10 @@ BEGIN
         PERFORM batonq._invalid_argument(format('unknown time zone %s: use an IANA name such as Europe/Berlin',
                                                 coalesce(quote_literal(p_tz), 'NULL')));
     END IF;
-    PERFORM batonq._check_json('payload', coalesce(p_payload, 'null'), v_queue.max_body_bytes);
+    -- Acting as p_actor before the queue is made: its creation is audited as them too.
     PERFORM batonq._act_as(p_actor);
+    v_queue := batonq._queue(p_queue, true);
+    PERFORM batonq._check_json('payload', coalesce(p_payload, 'null'), v_queue.max_body_bytes);
     INSERT INTO batonq.schedules (name, cron, tz, queue, payload, missed)
     VALUES (p_name, p_cron, p_tz, p_queue, coalesce(p_payload, 'null'), p_missed)
     ON CONFLICT (name) DO UPDATE
