@@ -100,6 +100,17 @@ def test_queue_limits_are_configured_shown_and_cleared(run: Run) -> None:
     assert none_left.stdout.rstrip().endswith(" max body 131072 bytes")  # no limits left
     bad = run("queue", "configure", "mail", "--max-leased", "-1")
     assert bad.exit_code == 2 and "'-1' is not a count from 0" in bad.output
+    assert "max_leased 3 -> none" in run("audit", "--kind", "queue", "--name", "mail").stdout
+
+
+def test_queue_settings_come_a_page_at_a_time(run: Run) -> None:
+    for name in ("page:a", "page:b", "page:c"):
+        assert run("queue", "configure", name, "--lease", "60").exit_code == 0
+    first = run("queues", "--settings", "--after", "page", "--limit", "2")
+    assert [line.split()[0] for line in first.stdout.splitlines()[1:]] == ["page:a", "page:b"]
+    assert "more queues: batonq queues --settings --after page:b" in first.stderr
+    rest = run("queues", "--settings", "--after", "page:b", "--limit", "2", "--json")
+    assert [json.loads(line)["name"] for line in rest.stdout.splitlines()] == ["page:c"]
 
 
 def test_a_group_is_given_at_enqueue_and_shown_on_the_task(run: Run, tmp_path: Path) -> None:
@@ -113,6 +124,9 @@ def test_a_group_is_given_at_enqueue_and_shown_on_the_task(run: Run, tmp_path: P
     assert listed[0].split()[:7] == ["id", "state", "attempts", "priority", "age", "group", "key"]
     assert sorted(line.split()[5] for line in listed[1:]) == ["acme", "globex", "initech"]
     assert "  group          acme\n" in run("task", task).stdout
+    run("enqueue", "lines", '{"n": 1}', "--group", "two\nlines")
+    [row] = run("tasks", "lines").stdout.splitlines()[1:]  # one row: the newline is not printed
+    assert row.split()[5:7] == ["two", "lines"]
     assert json.loads(run("task", task, "--json").stdout)["group"] == "acme"
 
     source.write_text('{"payload": {}, "group": 7}\n')

@@ -202,8 +202,8 @@ def test_the_dashboard_names_a_queues_limits_and_its_tasks_groups(
 ) -> None:
     limits = {"max_leased": 2, "rate_limit": 5, "group_rate_limit": 1, "rate_period_s": 60}
     http.patch("/v1/queues/ui:limited", json=limits)
-    enqueue(http, "ui:limited", {"n": 1}, group="acme")
-    enqueue(http, "ui:plain", {"n": 1})
+    grouped = enqueue(http, "ui:limited", {"n": 1}, group="acme")
+    plain_task = enqueue(http, "ui:plain", {"n": 1})
     with httpx.Client(base_url=server.url, timeout=30.0) as browser:
         form = browser.get("/ui/login")
         token = re.search(r'name="csrf" value="([^"]+)"', form.text)
@@ -214,6 +214,9 @@ def test_the_dashboard_names_a_queues_limits_and_its_tasks_groups(
         assert signed.status_code == 200, signed.text
         limited = browser.get("/ui/tasks", params={"queue": "ui:limited"}).text
         plain = browser.get("/ui/tasks", params={"queue": "ui:plain"}).text
+        grouped_page = browser.get(f"/ui/tasks/{grouped}").text
+        plain_page = browser.get(f"/ui/tasks/{plain_task}").text
     assert "Limits: at most 2 leased · 5 claims per 60 s · 1 claims per 60 s per group" in limited
     assert '<th scope="col">Group</th>' in limited and "<td>acme</td>" in limited
     assert "Limits:" not in plain and "Group" not in plain  # no task of ui:plain has a group
+    assert "<div><dt>Group</dt><dd>acme</dd></div>" in grouped_page and "<dt>Group</dt>" not in plain_page

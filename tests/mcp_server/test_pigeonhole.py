@@ -186,6 +186,7 @@ async def test_bad_values_are_answered_with_a_sentence(target: Target) -> None:
                 {"idempotency_key": "k" * 513},
                 "idempotency_key must be at most 512 characters",
             ),
+            ("batonq_enqueue", {"group": ""}, "group must not be empty"),
             (
                 "batonq_fail",
                 {"retry_delay_seconds": "soon"},

@@ -29,7 +29,7 @@ PAGE = MAX_PAGE
 @click.pass_context
 def queues(ctx: click.Context, after: str | None, limit: int, settings: bool, as_json: bool) -> None:
     """Show the queues by name: tasks per state and the oldest pending task's
-    age (or, with --settings, every queue's settings).
+    age (or, with --settings, their settings).
 
     pending counts tasks claimable now; scheduled, those whose delay or retry
     time is still ahead. A full page ends by saying how to see the next.
@@ -40,18 +40,23 @@ def queues(ctx: click.Context, after: str | None, limit: int, settings: bool, as
       batonq queues --after shop:orders
       batonq queues --settings
     """
-    if settings:
-        _settings(ctx, as_json)
-        return
     with open_client(ctx) as client:
-        stats = client.queues(after=after, limit=limit)
+        if settings:
+            configs = [c for c in client.queue_configs() if after is None or c.name > after][:limit]
+            names = [c.name for c in configs]
+        else:
+            stats = client.queues(after=after, limit=limit)
+            names = [s.queue for s in stats]
     if as_json:
-        for item in stats:
+        for item in configs if settings else stats:
             echo_json(item)
+    elif settings:
+        _print_settings(configs)
     else:
         _print_queues(stats)
-    if len(stats) == limit:
-        click.echo(f"more queues: batonq queues --after {stats[-1].queue}", err=True)
+    if len(names) == limit:
+        more = " --settings" if settings else ""
+        click.echo(f"more queues: batonq queues{more} --after {names[-1]}", err=True)
 
 
 def _print_queues(stats: list[QueueStats]) -> None:
@@ -69,13 +74,7 @@ def _print_queues(stats: list[QueueStats]) -> None:
     )
 
 
-def _settings(ctx: click.Context, as_json: bool) -> None:
-    with open_client(ctx) as client:
-        configs = client.queue_configs()
-    if as_json:
-        for config in configs:
-            echo_json(config)
-        return
+def _print_settings(configs: list[QueueConfig]) -> None:
     columns = ["queue", "paused", "lease s", "max attempts", "backoff s", "retention s", "max body bytes",
                "max leased", "group max", "rate", "group rate"]
     rows = [
@@ -266,4 +265,11 @@ def _change(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
         return "created"
     if after is None:
         return "removed"
-    return ", ".join(f"{k} {before.get(k)} -> {v}" for k, v in after.items() if before.get(k) != v)
+    return ", ".join(
+        f"{k} {_setting(before.get(k))} -> {_setting(v)}" for k, v in after.items() if before.get(k) != v
+    )
+
+
+def _setting(value: Any) -> str:
+    """A setting's value in a change: ``none`` for a limit removed."""
+    return "none" if value is None else str(value)

@@ -57,7 +57,7 @@ def tasks(ctx: click.Context, queue: str, state: str | None, limit: int, as_json
             f"{t.attempts}/{t.max_attempts}",
             str(t.priority),
             format_age(age_since(t.created_at)),
-            *([t.group or ""] if grouped else []),
+            *([truncate(t.group, 40)] if grouped else []),
             t.idempotency_key or "",
             truncate(first_line(t.last_error), 60),
         ]
