@@ -146,7 +146,9 @@ def _sentence(error: ErrorDetails, model: type[BaseModel]) -> str:
         return f"{name} must be at most {ctx.get('max_length')} characters"
     if kind == "string_too_short":
         shortest = ctx.get("min_length")
-        return f"{name} must not be empty" if shortest == 1 else f"{name} must be {shortest} characters or more"
+        if shortest == 1:
+            return f"{name} must not be empty"
+        return f"{name} must be {shortest} characters or more"
     if kind == "literal_error":
         return f"{name} must be {ctx.get('expected')} (got {got})"
     if kind == "int_from_float":
