@@ -47,6 +47,8 @@ BEGIN
     END IF;
     PERFORM batonq._act_as(p_actor);
     PERFORM batonq._queue(p_queue, true);
+    -- Read again, locked: the values this change replaces, not ones a
+    -- concurrent change has since replaced (the buckets' reset depends on them).
     SELECT * INTO v_before FROM batonq.queues WHERE name = p_queue FOR UPDATE;
     UPDATE batonq.queues SET
         lease_s          = coalesce(p_lease_s, lease_s),
