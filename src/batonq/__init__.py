@@ -14,6 +14,7 @@ from batonq.client import AsyncClient, connect_async
 from batonq.client_sync import Client, connect
 from batonq.errors import (
     BatonqError,
+    EmbeddedUnavailable,
     GraphCycle,
     InvalidArgument,
     InvalidQueueName,
@@ -62,6 +63,7 @@ __all__ = [
     "BatonqError",
     "Client",
     "Edge",
+    "EmbeddedUnavailable",
     "Enqueued",
     "GraphCycle",
     "InvalidArgument",

@@ -9,6 +9,7 @@ import psycopg
 
 __all__ = [
     "BatonqError",
+    "EmbeddedUnavailable",
     "GraphCycle",
     "InvalidArgument",
     "InvalidQueueName",
@@ -107,6 +108,13 @@ class ScheduleNotFound(BatonqError):
 
 class SchemaMissing(BatonqError):
     code = "schema_missing"
+
+
+class EmbeddedUnavailable(BatonqError):
+    """The embedded PostgreSQL cannot run safely where it was asked to
+    (``$BATONQ_HOME`` too long for its socket, or out of its user's reach)."""
+
+    code = "embedded_unavailable"
 
 
 class LeaseLost(BatonqError):

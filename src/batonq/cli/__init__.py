@@ -12,6 +12,7 @@ import click
 
 from batonq.cli import (
     bench,
+    embedded,
     enqueue,
     graph,
     keys,
@@ -68,3 +69,4 @@ main.add_command(serve.serve)
 main.add_command(keys.keys)
 main.add_command(mcp.mcp)
 main.add_command(bench.bench)
+main.add_command(embedded.embedded)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING, Any
+import signal
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -108,6 +110,9 @@ def serve(
     from batonq.server import create_server
 
     dsn = resolved_dsn(ctx)
+    # uvicorn ends by raising the SIGTERM it caught; as an exception (not the
+    # default handler's sudden death) it lets the embedded server stop with us.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     with open_client(ctx) as client:
         first = client.create_first_key()
     if first is not None:
@@ -132,6 +137,10 @@ def serve(
     uvicorn.run("batonq.cli.serve:app_from_env", factory=True, workers=workers,
                 host=host, port=port, log_level=log_level,
                 timeout_worker_healthcheck=_HEALTHCHECK_S)  # fmt: skip
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> NoReturn:
+    raise SystemExit(128 + signum)
 
 
 def app_from_env() -> FastAPI:
