@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Route, expect, sync_playwright
 from tests.e2e.live import LiveServer, new_key
 
 from batonq.client_sync import Client
@@ -388,3 +388,26 @@ def test_a_phone_in_dark_mode_reads_the_queues(
         page.keyboard.press("Enter")
         page.keyboard.press("Tab")  # from the content: the first control of the page
         expect(page.get_by_label("Find a queue")).to_be_focused()
+
+
+def test_the_api_docs_render_with_nothing_from_outside(
+    browser: Browser, console: Console, shared_server: LiveServer
+) -> None:
+    """/docs (Swagger UI) loads its script and style from the service: it
+    renders with every request to another host refused (offline, a strict proxy)."""
+    with browser.new_context() as context:
+        outside: list[str] = []
+
+        def only_the_service(route: Route) -> None:
+            if route.request.url.startswith(shared_server.url):
+                route.continue_()
+            else:
+                outside.append(route.request.url)
+                route.abort()
+
+        context.route("**/*", only_the_service)
+        page = context.new_page()
+        console.watch(page)
+        page.goto(f"{shared_server.url}/docs")
+        expect(page.get_by_text("/v1/enqueue").first).to_be_visible(timeout=WAIT_MS)
+        assert outside == []

@@ -162,7 +162,7 @@ def create_app(
         version=VERSION,
         summary="A task queue in PostgreSQL: leased, fenced, idempotent tasks.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # discovery.mount_docs: Swagger UI served from here, not a CDN
         redoc_url=None,
     )
     metrics = Metrics()
@@ -173,5 +173,6 @@ def create_app(
     problems.install(app)
     for module in (work, stream, reads, admin, schedules, discovery):
         app.include_router(module.router)
+    discovery.mount_docs(app)
     app.add_middleware(Limits, max_body_bytes=max_body_bytes, metrics=metrics)
     return app

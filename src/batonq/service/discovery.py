@@ -1,12 +1,16 @@
 """What tells agents and operators about the service: /llms.txt, the agent
-card, health and readiness, metrics."""
+card, health and readiness, metrics, and /docs (Swagger UI, vendored in
+``static/swagger-ui`` so it renders offline)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
 
 from batonq.service.state import client_of, metrics_of, reader_of
 from batonq.version import VERSION
@@ -43,6 +47,24 @@ Repeating a submit is safe: it returns the first outcome with "replayed": true.
 - OpenAPI: /openapi.json
 - MCP (streamable HTTP, the same Bearer keys): /mcp; card at /.well-known/mcp.json
 """
+
+
+SWAGGER_UI = Path(__file__).with_name("static") / "swagger-ui"
+
+
+def mount_docs(app: FastAPI) -> None:
+    """/docs: Swagger UI over /openapi.json, its script and style served from here."""
+    app.mount("/docs/static", StaticFiles(directory=SWAGGER_UI), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="batonq: HTTP API",
+            swagger_js_url="/docs/static/swagger-ui-bundle.js",
+            swagger_css_url="/docs/static/swagger-ui.css",
+            swagger_favicon_url="/docs/static/favicon-32x32.png",
+        )
 
 
 @router.get("/llms.txt", response_class=PlainTextResponse, include_in_schema=False)
