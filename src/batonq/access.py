@@ -2,7 +2,8 @@
 
 The HTTP API, the MCP server and the dashboard check keys, scopes and lease
 tokens here, the same way; each says a refusal in its own form (an HTTP
-error body, a tool error, a sign-in page).
+error body, a tool error, a sign-in page). The dashboard signs in with a key
+once, and holds a session (a random token, not the key) after that.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ import hashlib
 import hmac
 import math
 import re
+import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from batonq import models
 from batonq.client import AsyncClient
@@ -36,6 +39,7 @@ __all__ = [
 ]
 
 _KEY = re.compile(r"bq_([0-9]{1,18})_([0-9a-f]{64})")
+T = TypeVar("T")
 _NO_HASH = bytes(32)
 
 
@@ -98,21 +102,53 @@ def _unauthorized(message: str) -> Refused:
     return Refused(401, "unauthorized", message, headers={"WWW-Authenticate": "Bearer"})
 
 
+def _key_parts(key: str) -> tuple[int, bytes]:
+    """A key's id and the sha256 of its secret; 401 for what is no key."""
+    match = _KEY.fullmatch(key.strip())
+    if match is None:
+        raise _unauthorized("invalid API key")
+    return int(match[1]), hashlib.sha256(match[2].encode()).digest()
+
+
 async def authenticate(client: AsyncClient, header: str | None) -> Access:
     """The access of the key in an ``Authorization: Bearer bq_…`` header; 401 otherwise."""
     scheme, _, key = (header or "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise _unauthorized("send an API key: Authorization: Bearer bq_…")
-    match = _KEY.fullmatch(key.strip())
-    if match is None:
-        raise _unauthorized("invalid API key")
-    auth = await client.key_for_auth(int(match[1]))
-    presented = hashlib.sha256(match[2].encode()).digest()
+    key_id, presented = _key_parts(key)
+    auth = await client.key_for_auth(key_id)
     stored = auth.secret_hash if auth is not None else _NO_HASH
     # Compared in constant time, and compared even for unknown ids.
     if not hmac.compare_digest(presented, stored) or auth is None or auth.revoked:
         raise _unauthorized("invalid or revoked API key")
-    return Access(auth.ring, tuple(auth.queues), int(match[1]))
+    return Access(auth.ring, tuple(auth.queues), key_id)
+
+
+def _token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+async def start_session(client: AsyncClient, key: str) -> tuple[Access, str]:
+    """Sign in with ``key``: its access, and the new session's token (random,
+    stored only as its sha256, never the key); 401 for a key that is not valid."""
+    key_id, secret_hash = _key_parts(key)
+    token = secrets.token_urlsafe(32)
+    auth = await client.create_session(key_id, secret_hash, _token_hash(token))
+    if auth is None:
+        raise _unauthorized("invalid or revoked API key")
+    return Access(auth.ring, tuple(auth.queues), auth.key_id), token
+
+
+async def session_access(client: AsyncClient, token: str) -> Access | None:
+    """The access of the key behind a live session; None once it expired,
+    ended or its key was revoked."""
+    auth = await client.session_for_auth(_token_hash(token))
+    return None if auth is None else Access(auth.ring, tuple(auth.queues), auth.key_id)
+
+
+async def end_session(client: AsyncClient, token: str) -> None:
+    """Sign out: the session's token signs nobody in any more."""
+    await client.end_session(_token_hash(token))
 
 
 class FailedAuth:
@@ -150,17 +186,23 @@ class FailedAuth:
         while len(self._failures) > self.addresses:
             self._failures.popitem(last=False)
 
+    async def counting(self, address: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()`` (a key check), refused with 429 while ``address`` is
+        over the limit; a refusal it raises counts as a failure. The API's
+        keys and the dashboard's sign-ins count here alike."""
+        self.check(address)
+        try:
+            return await attempt()
+        except Refused:
+            self.failed(address)
+            raise
+
 
 async def authenticate_from(
     failed: FailedAuth, address: str, client: AsyncClient, header: str | None
 ) -> Access:
     """``authenticate``, under ``failed``'s limit for the client's ``address``."""
-    failed.check(address)
-    try:
-        return await authenticate(client, header)
-    except Refused:
-        failed.failed(address)
-        raise
+    return await failed.counting(address, lambda: authenticate(client, header))
 
 
 async def queue_page(

@@ -44,6 +44,7 @@ from batonq.models import (
     Schedule,
     ScheduleFiring,
     Scorecard,
+    SessionAuth,
     SetAsideWrite,
     Submitted,
     Task,
@@ -704,9 +705,10 @@ class AsyncClient:
     async def edges(self) -> list[Edge]:
         return await self._run(operations.edges())
 
-    async def run_tasks(self, root_id: int | str) -> list[Task]:
-        """Every task of a run (the lineage under one root), oldest first."""
-        return await self._run(operations.run_tasks(root_id))
+    async def run_tasks(self, root_id: int | str, limit: int | None = None) -> list[Task]:
+        """The tasks of a run (the lineage under one root), oldest first:
+        the first ``limit``, or every one."""
+        return await self._run(operations.run_tasks(root_id, limit))
 
     async def run_status(self, root_id: int | str) -> RunStatus:
         """running, done, or failed at its first dead task (with the error)."""
@@ -780,6 +782,20 @@ class AsyncClient:
 
     async def key_for_auth(self, key_id: int) -> KeyAuth | None:
         return await self._run(operations.key_for_auth(key_id))
+
+    async def create_session(self, key_id: int, secret_hash: bytes, token_hash: bytes) -> SessionAuth | None:
+        """Start a dashboard session for key ``key_id`` presented with the
+        secret whose sha256 is ``secret_hash``, under a token whose sha256 is
+        ``token_hash``; None for a key that is unknown, revoked or not this."""
+        return await self._run(operations.create_session(key_id, secret_hash, token_hash))
+
+    async def session_for_auth(self, token_hash: bytes) -> SessionAuth | None:
+        """The key behind the live session of the token whose sha256 is ``token_hash``."""
+        return await self._run(operations.session_for_auth(token_hash))
+
+    async def end_session(self, token_hash: bytes) -> bool:
+        """End a dashboard session; False when there was none."""
+        return await self._run(operations.end_session(token_hash))
 
     async def keys(self) -> list[ApiKey]:
         return await self._run(operations.keys())

@@ -42,6 +42,7 @@ from batonq.models import (
     Schedule,
     ScheduleFiring,
     Scorecard,
+    SessionAuth,
     SetAsideWrite,
     Submitted,
     Task,
@@ -702,9 +703,10 @@ class Client:
     def edges(self) -> list[Edge]:
         return self._run(operations.edges())
 
-    def run_tasks(self, root_id: int | str) -> list[Task]:
-        """Every task of a run (the lineage under one root), oldest first."""
-        return self._run(operations.run_tasks(root_id))
+    def run_tasks(self, root_id: int | str, limit: int | None = None) -> list[Task]:
+        """The tasks of a run (the lineage under one root), oldest first:
+        the first ``limit``, or every one."""
+        return self._run(operations.run_tasks(root_id, limit))
 
     def run_status(self, root_id: int | str) -> RunStatus:
         """running, done, or failed at its first dead task (with the error)."""
@@ -778,6 +780,20 @@ class Client:
 
     def key_for_auth(self, key_id: int) -> KeyAuth | None:
         return self._run(operations.key_for_auth(key_id))
+
+    def create_session(self, key_id: int, secret_hash: bytes, token_hash: bytes) -> SessionAuth | None:
+        """Start a dashboard session for key ``key_id`` presented with the
+        secret whose sha256 is ``secret_hash``, under a token whose sha256 is
+        ``token_hash``; None for a key that is unknown, revoked or not this."""
+        return self._run(operations.create_session(key_id, secret_hash, token_hash))
+
+    def session_for_auth(self, token_hash: bytes) -> SessionAuth | None:
+        """The key behind the live session of the token whose sha256 is ``token_hash``."""
+        return self._run(operations.session_for_auth(token_hash))
+
+    def end_session(self, token_hash: bytes) -> bool:
+        """End a dashboard session; False when there was none."""
+        return self._run(operations.end_session(token_hash))
 
     def keys(self) -> list[ApiKey]:
         return self._run(operations.keys())

@@ -28,6 +28,7 @@ __all__ = [
     "Schedule",
     "ScheduleFiring",
     "Scorecard",
+    "SessionAuth",
     "SetAsideWrite",
     "Shown",
     "Submitted",
@@ -362,6 +363,15 @@ class KeyAuth:
     ring: int
     queues: list[str]
     revoked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionAuth:
+    """The key behind a dashboard session: its id, ring and queue scopes."""
+
+    key_id: int
+    ring: int
+    queues: list[str]
 
 
 @dataclass(frozen=True, slots=True)

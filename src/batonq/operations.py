@@ -34,6 +34,7 @@ from batonq.models import (
     Schedule,
     ScheduleFiring,
     Scorecard,
+    SessionAuth,
     SetAsideWrite,
     Submitted,
     Task,
@@ -438,8 +439,8 @@ def edges() -> Call[list[Edge]]:
     return Call("SELECT * FROM batonq.list_edges()", (), _all(Edge))
 
 
-def run_tasks(root_id: int | str) -> Call[list[Task]]:
-    return Call(f"SELECT {_TASK} FROM batonq.run_tasks(%s)", (task_id(root_id),), _all(Task))
+def run_tasks(root_id: int | str, limit: int | None = None) -> Call[list[Task]]:
+    return Call(f"SELECT {_TASK} FROM batonq.run_tasks(%s, %s)", (task_id(root_id), limit), _all(Task))
 
 
 def run_status(root_id: int | str) -> Call[RunStatus]:
@@ -462,6 +463,22 @@ def key_for_auth(key_id: int) -> Call[KeyAuth | None]:
         (key_id,),
         lambda rows: KeyAuth(bytes(rows[0][0]), *rows[0][1:]) if rows else None,
     )
+
+
+def create_session(key_id: int, secret_hash: bytes, token_hash: bytes) -> Call[SessionAuth | None]:
+    return Call(
+        "SELECT * FROM batonq.create_session(%s, %s, %s)",
+        (key_id, secret_hash, token_hash),
+        _maybe(SessionAuth),
+    )
+
+
+def session_for_auth(token_hash: bytes) -> Call[SessionAuth | None]:
+    return Call("SELECT * FROM batonq.session_for_auth(%s)", (token_hash,), _maybe(SessionAuth))
+
+
+def end_session(token_hash: bytes) -> Call[bool]:
+    return Call("SELECT batonq.end_session(%s)", (token_hash,), lambda rows: bool(rows[0][0]))
 
 
 def keys() -> Call[list[ApiKey]]:

@@ -17,6 +17,7 @@ import httpx
 import psycopg
 import pytest
 from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Route, expect, sync_playwright
+from tests.e2e.conftest import Serve
 from tests.e2e.live import LiveServer, new_key
 
 from batonq.client_sync import Client
@@ -339,7 +340,81 @@ def test_the_sign_in_form_needs_its_csrf_token(shared_server: LiveServer) -> Non
         token = re.search(r'name="csrf" value="([^"]+)"', page.text)
         assert token and browser_like.cookies.get("batonq_login") == token[1]
         signed_in = browser_like.post(login, data={"key": key, "csrf": token[1]})
-        assert signed_in.status_code == 303 and signed_in.cookies.get("batonq_session") == key
+        assert signed_in.status_code == 303 and signed_in.cookies.get("batonq_session")
+        assert key not in signed_in.headers.get("set-cookie", "")  # a session's token, never the key
+
+
+def _sign_in(browser_like: httpx.Client, key: str) -> None:
+    """Sign a cookie-keeping client in to the dashboard with ``key``."""
+    token = re.search(r'name="csrf" value="([^"]+)"', browser_like.get("/ui/login").text)
+    assert token
+    assert browser_like.post("/ui/login", data={"key": key, "csrf": token[1]}).status_code == 303
+
+
+def test_a_copied_cookie_is_no_api_key_and_signing_out_ends_it_everywhere(
+    shared_server: LiveServer, client: Client
+) -> None:
+    made = client.create_key(3, ["*"], "copied")
+    url = shared_server.url
+    with httpx.Client(base_url=url) as browser_like, httpx.Client(base_url=url) as thief:
+        _sign_in(browser_like, made.key)
+        cookie = browser_like.cookies["batonq_session"]
+        thief.cookies.set("batonq_session", cookie)
+        assert thief.get("/ui").status_code == 200  # a copy works while the session lives
+        bearer = thief.get("/v1/queues", headers={"Authorization": f"Bearer {cookie}"})
+        assert bearer.status_code == 401
+        csrf = re.search(r'name="csrf" value="([^"]+)"', browser_like.get("/ui").text)
+        assert csrf
+        signed_out = browser_like.post("/ui/logout", data={"csrf": csrf[1]})
+        assert signed_out.status_code == 303 and signed_out.headers["location"] == "/ui/login"
+        refused = thief.get("/ui")
+        assert refused.status_code == 303 and refused.headers["location"] == "/ui/login"
+
+
+def test_revoking_a_key_signs_its_sessions_out(shared_server: LiveServer, client: Client) -> None:
+    made = client.create_key(1, ["*"], "to revoke")
+    with httpx.Client(base_url=shared_server.url) as browser_like:
+        _sign_in(browser_like, made.key)
+        assert browser_like.get("/ui").status_code == 200
+        client.revoke_key(made.id)
+        refused = browser_like.get("/ui")
+        assert refused.status_code == 303 and refused.headers["location"] == "/ui/login"
+
+
+def test_a_form_on_another_site_cannot_sign_the_user_out(admin: Page, shared_server: LiveServer) -> None:
+    """The session cookie is SameSite=Strict: another site's form posts
+    without it, and signing out needs the session and its CSRF token."""
+    admin.context.route("http://elsewhere.test/**", lambda route: route.fulfill(
+        content_type="text/html",
+        body=f'<form method="post" action="{shared_server.url}/ui/logout"></form>'
+             "<script>document.forms[0].submit()</script>",
+    ))  # fmt: skip
+    admin.goto("http://elsewhere.test/")
+    expect(admin).to_have_url(re.compile(r"/ui/login$"))  # where the form landed
+    admin.goto(f"{shared_server.url}/ui")
+    expect(admin).to_have_url(re.compile(r"/ui$"))  # still signed in
+    expect(admin.get_by_role("button", name="Sign out")).to_be_visible()
+
+
+def test_failed_sign_ins_and_bad_api_keys_count_against_one_limit(serve: Serve) -> None:
+    """100 failed key checks from an address in a minute, at either door,
+    and both refuse it (429) for a while, even with a valid key."""
+    server = serve()
+    key = server.admin_key or ""
+    with httpx.Client(base_url=server.url) as browser_like, server.http() as api:
+        token = re.search(r'name="csrf" value="([^"]+)"', browser_like.get("/ui/login").text)
+        assert token
+        for i in range(60):
+            wrong = browser_like.post("/ui/login", data={"key": f"bq_1_{i:064x}", "csrf": token[1]})
+            assert wrong.status_code == 200 and "invalid or revoked API key" in wrong.text
+        for i in range(40):
+            bad = api.get("/v1/queues", headers={"Authorization": f"Bearer bq_1_{i:064x}"})
+            assert bad.status_code == 401
+        assert api.get("/v1/queues", headers={"Authorization": f"Bearer {key}"}).status_code == 429
+        throttled = browser_like.post("/ui/login", data={"key": key, "csrf": token[1]})
+        assert throttled.status_code == 429 and "too many failed authentications" in throttled.text
+        assert int(throttled.headers["retry-after"]) > 0
+        assert "batonq_session" not in throttled.cookies
 
 
 def test_ten_thousand_queues_page_and_search_fast(
@@ -360,8 +435,8 @@ def test_ten_thousand_queues_page_and_search_fast(
     expect(admin.locator("#queue-rows tbody tr")).to_have_count(10)
     elapsed = time.monotonic() - started
     assert elapsed < 10, f"three pages of 10,000 queues took {elapsed:.1f} s"
-    cookies = {"batonq_session": shared_server.admin_key or ""}
-    with httpx.Client(base_url=shared_server.url, cookies=cookies) as http:
+    with httpx.Client(base_url=shared_server.url) as http:
+        _sign_in(http, shared_server.admin_key or "")
         timings = []
         for _ in range(5):
             began = time.monotonic()

@@ -1,7 +1,8 @@
 """GET /v1/stream against a real server: an ``available`` event within
 200 ms of an enqueue; keep-alive comments; ``claim=true`` hands each task to
 exactly one of 4 subscribers and honours the credit; a dropped subscriber's
-leased tasks come back when their lease runs out."""
+leased tasks come back when their lease runs out; a database outage ends
+open streams with an ``error`` event."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import psycopg
 from tests.conftest import age
 from tests.e2e.conftest import KEEPALIVE_S
 from tests.e2e.live import LiveServer, Subscriber, claim_one, enqueue, new_key, problem, sse_events
+from tests.private_cluster import private_cluster
 from tests.waiting import wait_for
+
+import batonq
 
 ROUNDS = 5
 ANNOUNCE_WITHIN_S = 0.2
@@ -189,3 +193,32 @@ def test_sigterm_ends_open_streams_cleanly_and_the_server_promptly(server: LiveS
     assert time.monotonic() - began < 10, "batonq serve took over 10 s to stop"
     for subscriber in subscribers:
         subscriber.next("closed", timeout=10)  # fails on an "error": a broken stream
+
+
+def test_a_database_outage_ends_open_streams_with_an_error_event() -> None:
+    """The stream says why it ends (the body a request gets then: 503
+    unavailable) and ends as any response does; the log shows no traceback."""
+    with private_cluster() as cluster:
+        batonq.migrate(cluster.dsn)
+        server = LiveServer(cluster.dsn, "--keepalive", str(KEEPALIVE_S))
+        try:
+            assert server.admin_key
+            subscribers = [
+                Subscriber(server, server.admin_key, "/v1/stream?queue=sse:outage"),
+                Subscriber(server, server.admin_key, "/v1/stream?queue=sse:outage&claim=true"),
+            ]
+            for subscriber in subscribers:
+                subscriber.next(":", timeout=20, data="ready")
+            with server.http(server.admin_key) as http:
+                unavailable = http.get("/readyz")
+                cluster.stop()
+                unavailable = http.get("/v1/queues")
+            body = problem(unavailable, 503, "unavailable")
+            for subscriber in subscribers:
+                event = subscriber.next("error", timeout=30)
+                assert event.data.startswith("{") and json.loads(event.data) == {"error": body}, event
+                subscriber.next("closed", timeout=10)  # the end of the response, not a broken one
+            assert "Traceback" not in server.log, server.log
+        finally:
+            server.stop()
+            cluster.start()

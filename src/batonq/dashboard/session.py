@@ -1,13 +1,18 @@
 """Signing in to the dashboard with an API key.
 
-The key is held in an HttpOnly, SameSite=Strict cookie scoped to /ui, so
-scripts on the page never read it and it never appears in a URL. Every
-request checks it again, as the API does with a bearer key, so a revoked key
-is signed out at its next click. Actions also need a CSRF token: an HMAC of
-the key that the page carries and a forged form cannot know. The sign-in
-form, before there is a key, carries a random token that must match a
-SameSite=Strict cookie set with the form (a double-submit cookie), so another
-site cannot sign a browser in with a key of its choosing.
+Signing in starts a server-side session (batonq.access.start_session): the
+browser gets a random token in an HttpOnly, SameSite=Strict cookie scoped to
+/ui, never the key, so scripts on the page never read either, a copied
+cookie is no API key, and signing out (or revoking the key) ends the session
+in the database, wherever its cookie went. Every request checks the session
+again, so a revoked key is signed out at its next click. A failed sign-in
+counts against the address like a bad key on /v1 (one limit for both).
+
+Actions, and signing out, need a CSRF token: an HMAC of the session token
+that the page carries and a forged form cannot know. The sign-in form,
+before there is a session, carries a random token that must match a
+SameSite=Strict cookie set with the form (a double-submit cookie), so
+another site cannot sign a browser in with a key of its choosing.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import secrets
 
 from fastapi import Request, Response
 
-from batonq.access import Access, Refused, authenticate
+from batonq.access import Access, end_session, session_access, start_session
 from batonq.rings import OPERATOR
-from batonq.service.state import client_of
+from batonq.service.state import address_of, client_of, failed_auth
 
 __all__ = [
     "COOKIE",
@@ -45,11 +50,12 @@ _CSRF_CONTEXT = b"batonq dashboard csrf v1"
 
 
 class Session:
-    """A signed-in key: what it may see and do, and its CSRF token."""
+    """A signed-in browser: what its key may see and do, and its CSRF token."""
 
-    def __init__(self, access: Access, key: str) -> None:
+    def __init__(self, access: Access, token: str) -> None:
         self.access = access
-        self.csrf = csrf_token(key)
+        self.token = token
+        self.csrf = csrf_token(token)
 
     @property
     def can_operate(self) -> bool:
@@ -60,20 +66,19 @@ class Session:
         return self.access.covers(queue)
 
 
-def csrf_token(key: str) -> str:
-    return hmac.new(key.encode(), _CSRF_CONTEXT, hashlib.sha256).hexdigest()
+def csrf_token(token: str) -> str:
+    """The CSRF token of the session ``token``."""
+    return hmac.new(token.encode(), _CSRF_CONTEXT, hashlib.sha256).hexdigest()
 
 
 async def current(request: Request) -> Session | None:
-    """The request's session, or None when its cookie is missing, unknown or revoked."""
-    key = request.cookies.get(COOKIE)
-    if not key:
+    """The request's session, or None when its cookie is missing, or its
+    session expired, ended or belongs to a revoked key."""
+    token = request.cookies.get(COOKIE)
+    if not token:
         return None
-    try:
-        access = await authenticate(client_of(request), f"Bearer {key}")
-    except Refused:
-        return None
-    return Session(access, key)
+    access = await session_access(client_of(request), token)
+    return None if access is None else Session(access, token)
 
 
 async def check_csrf(request: Request, session: Session) -> bool:
@@ -121,13 +126,20 @@ def take_flash(request: Request, response: Response) -> None:
 
 
 async def sign_in(request: Request, key: str, response: Response) -> Access:
-    """Check ``key`` and set the session cookie on ``response``; raises
-    ``Refused`` (401) for a key that is not valid."""
-    access = await authenticate(client_of(request), f"Bearer {key}")
-    _set_cookie(request, response, COOKIE, key, "/ui")
+    """Start a session for ``key`` and set its cookie on ``response``; raises
+    ``Refused``: 401 for a key that is not valid, 429 while the client's
+    address has too many failed key checks (the API's and these)."""
+    client = client_of(request)
+    access, token = await failed_auth(request).counting(
+        address_of(request), lambda: start_session(client, key)
+    )
+    _set_cookie(request, response, COOKIE, token, "/ui")
     response.delete_cookie(LOGIN_COOKIE, path="/ui/login", httponly=True, samesite="strict")
     return access
 
 
-def sign_out(response: Response) -> None:
+async def sign_out(request: Request, session: Session, response: Response) -> None:
+    """End ``session`` (its cookie signs nobody in any more, wherever it
+    went) and drop its cookie on ``response``."""
+    await end_session(client_of(request), session.token)
     response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")

@@ -140,9 +140,12 @@ Reader = Annotated[Session, Depends(_signed_in)]
 # -- signing in ---------------------------------------------------------------
 
 
-def _login_page(request: Request, status: int = 200, error: str | None = None) -> Response:
+def _login_page(
+    request: Request, status: int = 200, error: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
     token = login_csrf(request)
     response = _page(request, None, "login.html", status=status, error=error, csrf=token)
+    response.headers.update(headers or {})
     set_login_csrf(request, response, token)
     return response
 
@@ -162,18 +165,22 @@ async def login(request: Request) -> Response:
     try:
         await sign_in(request, key.strip() if isinstance(key, str) else "", response)
     except Refused as error:
-        # 200, not 401: the form again, with the reason (a 401 page is a console error)
-        return _login_page(request, error=error.message)
+        # 200, not 401: the form again, with the reason (a 401 page is a console error);
+        # 429 with Retry-After while the address has too many failures
+        status = 429 if error.status == 429 else 200
+        return _login_page(request, status, error.message, error.headers if status == 429 else None)
     return response
 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    session = await current(request)
-    if session is not None and not await check_csrf(request, session):
-        return _page(request, session, "error.html", status=403, message="This form is out of date: reload.")
     response = RedirectResponse("/ui/login", status_code=303)
-    sign_out(response)
+    session = await current(request)
+    if session is None:  # nothing to end; a form from another site sends no cookie
+        return response
+    if not await check_csrf(request, session):
+        return _page(request, session, "error.html", status=403, message="This form is out of date: reload.")
+    await sign_out(request, session, response)
     return response
 
 
@@ -284,9 +291,10 @@ def _attempts(task: Task) -> list[dict[str, Any]]:
 async def _task_context(request: Request, session: Session, task: Task) -> dict[str, Any]:
     client = client_of(request)
     late, run, lineage = await asyncio.gather(
-        client.set_aside_writes([task.id]), client.run_status(task.root_id), client.run_tasks(task.root_id)
-    )
-    family = [t for t in lineage[:LINEAGE_LIMIT] if session.covers(t.queue)]
+        client.set_aside_writes([task.id]), client.run_status(task.root_id),
+        client.run_tasks(task.root_id, LINEAGE_LIMIT),  # a long run is not read whole
+    )  # fmt: skip
+    family = [t for t in lineage if session.covers(t.queue)]
     ids = {t.id for t in family}
     tree = layout.layered([t.id for t in family], [(t.parent_id, t.id) for t in family if t.parent_id in ids])
     return {
@@ -298,7 +306,7 @@ async def _task_context(request: Request, session: Session, task: Task) -> dict[
         "family": {t.id: t for t in family},
         "parent_visible": task.parent_id in ids,
         "children": [t for t in family if t.parent_id == task.id],
-        "lineage_cut": len(lineage) > LINEAGE_LIMIT,
+        "lineage_cut": run.tasks > LINEAGE_LIMIT,
         "now": datetime.now(UTC),
     }
 

@@ -18,7 +18,7 @@ from batonq.models import task_ref
 from batonq.schemas import ErrorOut
 from batonq.service.body import BodyNotJson, TooManyItems
 
-__all__ = ["ERROR_RESPONSES", "ApiError", "body", "install"]
+__all__ = ["ERROR_RESPONSES", "UNAVAILABLE", "ApiError", "body", "install", "unavailable"]
 
 STATUS: dict[type[errors.BatonqError], int] = {
     errors.InvalidQueueName: 400,
@@ -201,8 +201,17 @@ async def _bad_text(_: Request, error: Exception) -> JSONResponse:
     return JSONResponse(body("invalid_argument", f"text that is not valid Unicode: {error.reason}"), 400)
 
 
+UNAVAILABLE = (psycopg.OperationalError, PoolTimeout)
+"""What a call raises while the database is unreachable (or the pool has no connection)."""
+
+
+def unavailable() -> dict[str, Any]:
+    """The body of a 503 while the database is unreachable."""
+    return body("unavailable", "the database is unavailable; try again")
+
+
 async def _unavailable(_: Request, error: Exception) -> JSONResponse:
-    return JSONResponse(body("unavailable", "the database is unavailable; try again"), 503)
+    return JSONResponse(unavailable(), 503)
 
 
 async def _crashed(_: Request, error: Exception) -> JSONResponse:
@@ -218,6 +227,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(psycopg.DataError, _bad_value)
     app.add_exception_handler(UnicodeEncodeError, _bad_text)
-    app.add_exception_handler(psycopg.OperationalError, _unavailable)
-    app.add_exception_handler(PoolTimeout, _unavailable)
+    for cls in UNAVAILABLE:
+        app.add_exception_handler(cls, _unavailable)
     app.add_exception_handler(Exception, _crashed)

@@ -106,12 +106,12 @@ async def task(request: Request, task_id: TaskId, access: Observer) -> s.TaskDet
         client = client_of(request)
         found = await visible_task(client, access, task_id)
     run = await client.run_status(found.root_id)
-    lineage = await client.run_tasks(found.root_id)
+    lineage = await client.run_tasks(found.root_id, LINEAGE_LIMIT)  # a long run is not read whole
     set_aside = await client.set_aside_writes([found.id])
     return s.TaskDetailOut(
         **s.TaskOut.of(found).model_dump(),
         run=s.RunOut.of(run, access.covers),
-        lineage=[s.TaskOut.of(t) for t in lineage[:LINEAGE_LIMIT] if access.covers(t.queue)],
+        lineage=[s.TaskOut.of(t) for t in lineage if access.covers(t.queue)],
         set_aside=[s.SetAsideOut.of(w) for w in set_aside],
     )
 

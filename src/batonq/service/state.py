@@ -10,10 +10,10 @@ from batonq.client import AsyncClient
 from batonq.service.metrics import Metrics
 
 if TYPE_CHECKING:
-    from batonq.access import NewQueues
+    from batonq.access import FailedAuth, NewQueues
     from batonq.service.limits import OpenPerKey
 
-__all__ = ["client_of", "metrics_of", "new_queues", "open_per_key", "reader_of"]
+__all__ = ["address_of", "client_of", "failed_auth", "metrics_of", "new_queues", "open_per_key", "reader_of"]
 
 
 def client_of(request: Request) -> AsyncClient:
@@ -44,3 +44,14 @@ def new_queues(request: Request) -> NewQueues:
     """The queues each key has created lately, through this process."""
     made: NewQueues = request.app.state.new_queues
     return made
+
+
+def failed_auth(request: Request) -> FailedAuth:
+    """Failed key checks per client address, the API's and the dashboard's sign-ins alike."""
+    failed: FailedAuth = request.app.state.failed_auth
+    return failed
+
+
+def address_of(request: Request) -> str:
+    """The client's address, as failed key checks are counted by."""
+    return request.client.host if request.client else ""

@@ -4,9 +4,10 @@ of tasks claimed for the subscriber, at most ``credit`` unfinished at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -19,7 +20,7 @@ from batonq.limits import MAX_LEASE_S, MIN_LEASE_S, QUEUE_NAME_PATTERN
 from batonq.rings import WORKER
 from batonq.service.auth import require
 from batonq.service.body import JsonRoute
-from batonq.service.problems import ERROR_RESPONSES, ApiError
+from batonq.service.problems import ERROR_RESPONSES, UNAVAILABLE, ApiError, unavailable
 from batonq.service.state import client_of, open_per_key
 from batonq.service.streams import HeldStream, PendingCounts
 
@@ -37,7 +38,7 @@ def sse(event: str, data: Any, event_id: int | None = None) -> str:
 
 async def _announce(
     client: AsyncClient, counts: PendingCounts, queue: str, keepalive_s: float, seq: int
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     with counts.watching(queue) as count:
         async with client.watch(queue) as wake:
             # Subscribed: from here on no enqueue goes unannounced.
@@ -65,7 +66,7 @@ async def _still_held(client: AsyncClient, outstanding: dict[int, int]) -> None:
 
 async def _deliver(
     client: AsyncClient, queue: str, credit: int, lease_s: int | None, key_id: int, keepalive_s: float
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[str, None]:
     outstanding: dict[int, int] = {}
     idle = 0.0
     yield READY
@@ -89,6 +90,18 @@ async def _deliver(
             outstanding[lease.task_id] = lease.fencing_token
             yield sse("task", s.ClaimedTask.of(lease).model_dump(mode="json"), lease.fencing_token)
         idle = 0.0
+
+
+async def _until_unavailable(events: AsyncGenerator[str, None]) -> AsyncIterator[str]:
+    """``events``, until the database is unreachable: then an ``error``
+    event with the body a request gets then (503 ``unavailable``), and the
+    stream ends as any response does."""
+    async with contextlib.aclosing(events):
+        try:
+            async for event in events:
+                yield event
+        except UNAVAILABLE:
+            yield sse("error", unavailable())
 
 
 def _resumed_after(last_event_id: str | None) -> int:
@@ -125,7 +138,9 @@ async def stream(
     The stream opens with a `: ready` comment once it is subscribed (an
     enqueue after it is announced); `: keep-alive` comments keep idle
     connections open. Tasks leased to a
-    dropped connection return when their lease runs out. A key may hold a
+    dropped connection return when their lease runs out. If the database
+    becomes unreachable, an `error` event (`{"error": {"code":
+    "unavailable", ...}}`) ends the stream: reconnect later. A key may hold a
     limited number of streams and long-poll claims open at once (429 with
     Retry-After past it)."""
     access.check_queue(queue)
@@ -138,7 +153,7 @@ async def stream(
         events = _announce(client, request.app.state.pending_counts, queue, keepalive_s, seq)
     release = open_per_key(request).hold(access.key_id)
     return HeldStream(
-        events,
+        _until_unavailable(events),
         release,
         request.app.state.stopping,
         media_type="text/event-stream",

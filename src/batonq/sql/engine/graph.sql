@@ -304,17 +304,31 @@ BEGIN
     END LOOP;
 END $$;
 
--- Every task of a run (the tree under one root), oldest first.
-CREATE OR REPLACE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_view
+-- The tasks of a run (the tree under one root), oldest first: the first
+-- p_limit (NULL: all). The ids are picked first, so a page of a long run
+-- reads only its own tasks whole (payload, result, errors), not the run's.
+CREATE OR REPLACE FUNCTION batonq.run_tasks(p_root_id bigint, p_limit integer DEFAULT NULL)
+RETURNS SETOF batonq.task_view
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
+    -- With each id, its partition key: the second look goes to one partition.
+    WITH shown AS (
+        SELECT u.id, u.queue, u.finished_at FROM (
+            SELECT t.id, t.queue, NULL::timestamptz AS finished_at FROM batonq.tasks t
+             WHERE t.id = p_root_id OR (t.root_id = p_root_id AND t.parent_id IS NOT NULL)
+            UNION ALL
+            SELECT a.id, a.queue, a.finished_at FROM batonq.archive a
+             WHERE a.id = p_root_id OR (a.root_id = p_root_id AND a.parent_id IS NOT NULL)
+        ) u ORDER BY u.id LIMIT p_limit
+    )
     SELECT v.* FROM (
-        SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
-         WHERE t.id = p_root_id OR (t.root_id = p_root_id AND t.parent_id IS NOT NULL)
+        SELECT (batonq._hot_view(t)).* FROM shown s
+          JOIN batonq.tasks t ON t.id = s.id AND t.queue = s.queue
+         WHERE s.finished_at IS NULL
         UNION ALL
-        SELECT (batonq._archive_view(a)).* FROM batonq.archive a
-         WHERE a.id = p_root_id OR (a.root_id = p_root_id AND a.parent_id IS NOT NULL)
+        SELECT (batonq._archive_view(a)).* FROM shown s
+          JOIN batonq.archive a ON a.id = s.id AND a.finished_at = s.finished_at
     ) v ORDER BY v.id;
 END;
 
@@ -358,5 +372,5 @@ END $$;
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint), batonq.run_status(bigint)
+GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint, integer), batonq.run_status(bigint)
 TO batonq_reader;

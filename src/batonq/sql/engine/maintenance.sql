@@ -35,7 +35,8 @@ END $$;
 
 -- Retention: finished tasks older than their queue's retention_s go, with
 -- their submit records and idempotency keys, debounce windows whose task
--- has finished, and the group rate buckets that are full again. Whole day
+-- has finished, the group rate buckets that are full again, and expired
+-- dashboard sessions. Whole day
 -- partitions older than the longest retention are dropped; queues that keep
 -- less lose their older rows by DELETE, p_batch at a time. Returns what it
 -- removed.
@@ -51,6 +52,7 @@ DECLARE
     v_keys       integer := 0;
     v_debounces  integer := 0;
     v_buckets    integer := 0;
+    v_sessions   integer := 0;
 BEGIN
     FOR v_part IN
         SELECT c.relname
@@ -132,12 +134,18 @@ BEGIN
      WHERE b.queue = idle.queue AND b.group_key = idle.group_key AND b.full_at = idle.full_at;
     GET DIAGNOSTICS v_buckets = ROW_COUNT;
 
+    -- An expired session signs nobody in (session_for_auth): the row goes.
+    DELETE FROM batonq.dashboard_sessions s
+     WHERE s.token_hash = ANY (ARRAY(
+        SELECT s2.token_hash FROM batonq.dashboard_sessions s2 WHERE s2.expires_at <= now() LIMIT p_batch));
+    GET DIAGNOSTICS v_sessions = ROW_COUNT;
+
     -- behind: a full batch was removed, so more may be due now.
     RETURN jsonb_build_object('partitions_dropped', v_dropped, 'archived_deleted', v_rows,
                               'keys_deleted', v_keys, 'debounces_deleted', v_debounces,
-                              'rate_buckets_deleted', v_buckets,
+                              'rate_buckets_deleted', v_buckets, 'sessions_deleted', v_sessions,
                               'behind', v_rows = p_batch OR v_keys = p_batch OR v_debounces = p_batch
-                                        OR v_buckets = p_batch);
+                                        OR v_buckets = p_batch OR v_sessions = p_batch);
 END $$;
 
 -- What the sweeper runs every minute or so.
