@@ -486,3 +486,56 @@ def test_the_api_docs_render_with_nothing_from_outside(
         page.goto(f"{shared_server.url}/docs")
         expect(page.get_by_text("/v1/enqueue").first).to_be_visible(timeout=WAIT_MS)
         assert outside == []
+
+
+TRACE = (
+    "ValueError: card <script>alert(1)</script> declined\n\n"
+    "Traceback (most recent call last):\n"
+    '  File "app.py", line 9, in charge\n'
+    '    raise ValueError("card declined")\n'
+    "ValueError: card <script>alert(1)</script> declined"
+)
+
+
+def test_errors_read_as_text_with_their_lines_and_a_trace_to_open(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    """An error as the worker writes it (message, blank line, traceback):
+    the task page keeps its lines; the attempts and the dead letters show the
+    message as text, the trace folded away."""
+    task = client.enqueue("errors:q", {"n": 1})
+    [lease] = client.claim("errors:q", worker="delta")
+    client.fail(lease.lease_token, TRACE, requeue=False)
+
+    admin.goto(f"{shared_server.url}/ui/tasks/t_{task.task_id}")
+    expect(admin.locator("#last-error")).to_have_text(TRACE)  # every line, markup as text
+    cell = admin.locator("table.attempts tbody tr td").nth(6)
+    expect(cell.locator("span.error")).to_have_text("ValueError: card <script>alert(1)</script> declined")
+    expect(cell.locator("details pre")).not_to_be_visible()
+    cell.locator("summary").click()
+    expect(cell.locator("details pre")).to_have_text(TRACE.partition("\n\n")[2])
+    assert '"' not in (cell.locator("span.error").text_content() or "")
+
+    admin.goto(f"{shared_server.url}/ui/dead?queue=errors:q")
+    row = admin.locator("table.dead tbody tr")
+    expect(row).to_have_count(1)
+    expect(row.locator("span.error")).to_have_text("ValueError: card <script>alert(1)</script> declined")
+    expect(row.locator("details pre")).not_to_be_visible()
+    box = row.bounding_box()
+    assert box is not None and box["height"] < 80, box  # one line, not a 20-line row
+
+
+def test_an_action_on_the_task_page_moves_the_run_tree_too(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    task = client.enqueue("tree:q", {"n": 1})
+    admin.on("dialog", lambda dialog: dialog.accept())
+    admin.goto(f"{shared_server.url}/ui/tasks/t_{task.task_id}")
+    node = admin.locator("svg.tree text").first
+    expect(node).to_have_text(f"t_{task.task_id} · pending")
+    admin.get_by_role("button", name="Hold").click()
+    expect(admin.locator("#task-state")).to_have_text("held")
+    expect(node).to_have_text(f"t_{task.task_id} · held")  # no reload
+    admin.get_by_role("button", name="Release").click()
+    expect(admin.locator("#task-state")).to_have_text("pending")
+    expect(admin.locator("svg.tree text").first).to_have_text(f"t_{task.task_id} · pending")

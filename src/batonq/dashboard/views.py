@@ -87,8 +87,17 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 
+def _error_parts(error: Any) -> tuple[str, str]:
+    """An error as its message and the rest (a traceback, or ""): the worker
+    writes the message, a blank line, then the trace; JSON that is not text
+    is shown as JSON."""
+    text = error if isinstance(error, str) else _pretty(error)
+    message, _, trace = text.partition("\n\n")
+    return message, trace
+
+
 templates.env.filters.update(
-    age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=task_ref
+    age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=task_ref, error_parts=_error_parts
 )
 templates.env.globals.update(RINGS=RINGS, STATES=TASK_STATES, ALLOWED=ALLOWED)
 
@@ -374,8 +383,10 @@ async def act(request: Request, task_id: str, action: str) -> Response:
         set_flash(request, response, task_ref(task.id))
         return response
     context = await _task_context(request, session, task)
-    name = "task.html" if plain else "_task_summary.html"
-    return _page(request, session, name, outcome=outcome, **context)
+    if plain:
+        return _page(request, session, "task.html", outcome=outcome, **context)
+    # The summary, and the run's tree swapped in beside it (out of band): the task's state moved in both.
+    return _page(request, session, "_task_summary.html", outcome=outcome, lineage_too=True, **context)
 
 
 # -- dead letters ---------------------------------------------------------------
