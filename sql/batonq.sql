@@ -550,6 +550,29 @@ CREATE INDEX schedules_queue_idx ON batonq.schedules (queue);
 
 INSERT INTO batonq.migrations (version, name) VALUES (4, 'shape');
 
+-- migrations/0011_row_security.sql
+-- Row level security on every batonq table, with no policy: a role that
+-- is granted a table anyway (a REST layer's anon or authenticated roles,
+-- once the schema is exposed to them) reads and writes no row of it. The
+-- engine's functions run as the tables' owner, whom row level security
+-- does not bind (ENABLE, not FORCE), so batonq_worker and batonq_reader
+-- work as before. Partitions are tables of their own: each gets it too
+-- (batonq.ensure_partitions enables it on the ones it makes later).
+DO $$
+DECLARE
+    v_table regclass;
+BEGIN
+    FOR v_table IN
+        SELECT c.oid::regclass FROM pg_class c
+         WHERE c.relnamespace = 'batonq'::regnamespace AND c.relkind IN ('r', 'p')
+         ORDER BY c.oid
+    LOOP
+        EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', v_table);
+    END LOOP;
+END $$;
+
+INSERT INTO batonq.migrations (version, name) VALUES (11, 'row_security');
+
 -- engine/helpers.sql
 -- batonq engine: helpers shared by the engine's functions. Not granted to the
 -- worker or reader roles: only the engine calls them.
@@ -2380,6 +2403,8 @@ BEGIN
                                v_name, v_table,
                                v_day::timestamp AT TIME ZONE 'UTC',
                                (v_day + 1)::timestamp AT TIME ZONE 'UTC');
+                -- As on every batonq table (migration 0011): no rows for other roles.
+                EXECUTE format('ALTER TABLE batonq.%I ENABLE ROW LEVEL SECURITY', v_name);
                 v_created := v_created + 1;
             EXCEPTION WHEN check_violation OR duplicate_table THEN
                 NULL;
@@ -3514,6 +3539,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('07f63286ad647ee8cad5ffda14096befb9f999b87989eb50d21443f07b045916');
+INSERT INTO batonq.engine (sha256) VALUES ('0222868e038acf80be663b24b92f5806459f905a57d63996ec8bc5c29e695541');
 
 COMMIT;

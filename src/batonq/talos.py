@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -70,9 +71,24 @@ def _dsn_of(connection: Connection) -> tuple[str, Client | None]:
         if not isinstance(connection.conninfo, str):
             raise TypeError("LeaseQueue needs a pool made with a conninfo string: pass that URL instead")
         return connection.conninfo, None
+    supabase_url = getattr(connection, "supabase_url", None)
+    if isinstance(supabase_url, str) or type(connection).__module__.split(".")[0] == "supabase":
+        raise TypeError(_not_supabase_py(supabase_url))
     raise TypeError(
         "LeaseQueue takes a PostgreSQL URL, a psycopg pool or a batonq client; "
         f"got {type(connection).__name__}"
+    )
+
+
+def _not_supabase_py(supabase_url: str | None) -> str:
+    """What to pass instead of a supabase-py client (it speaks to Supabase's
+    REST API; batonq's engine is SQL, reached by a database connection)."""
+    host = urlsplit(supabase_url or "").hostname or ""
+    project = host.removesuffix(".supabase.co") if host.endswith(".supabase.co") else "<project-ref>"
+    return (
+        "LeaseQueue needs a PostgreSQL connection, not a supabase-py client: pass the project's direct "
+        f"connection string, postgresql://postgres:<password>@db.{project}.supabase.co:5432/postgres "
+        "(Supabase dashboard: Connect, Direct connection); see docs/supabase.md"
     )
 
 
