@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql as q
 from psycopg.conninfo import make_conninfo
 from tests.conftest import READER_ROLE, WORKER_ROLE, with_db
+from tests.private_cluster import private_cluster
 from tests.worker.support import eventually_async
 
 import batonq
@@ -88,6 +89,30 @@ async def test_a_createrole_owner_migrates_and_works(owner_dsn: str) -> None:
     with batonq.connect(make_conninfo(owner_dsn, user=READER_ROLE)) as reader:
         [stats] = reader.queues("transcode")
         assert stats.done == 1
+
+
+def test_a_createrole_owner_makes_the_roles_on_a_new_server() -> None:
+    """On a server batonq never saw (no batonq roles yet), the owner makes
+    batonq's roles as it migrates, then a login role for its workers. (The
+    private server is PostgreSQL 16, where a CREATEROLE role administers only
+    the roles it made; the shared one may be older.)"""
+    with private_cluster() as cluster, psycopg.connect(cluster.dsn, autocommit=True) as server:
+        server.execute("CREATE ROLE app_owner LOGIN CREATEROLE NOSUPERUSER")
+        server.execute("CREATE DATABASE app OWNER app_owner")
+        owner_dsn = make_conninfo(with_db(cluster.dsn, "app"), user="app_owner")
+        assert batonq.migrate(owner_dsn) == migrations()
+        with psycopg.connect(owner_dsn, autocommit=True) as owner:
+            made = owner.execute(
+                """SELECT r.rolname, pg_has_role('batonq_worker', 'batonq_reader', 'MEMBER')
+                     FROM pg_roles r WHERE r.rolname LIKE 'batonq%' ORDER BY 1"""
+            ).fetchall()
+            owner.execute("CREATE ROLE transcoder LOGIN IN ROLE batonq_worker")
+        assert made == [("batonq_reader", True), ("batonq_worker", True)]
+        with LeaseQueue(make_conninfo(owner_dsn, user="transcoder")) as queue:
+            job = queue.enqueue(kind="transcode", dedupe_key="video:892", payload={"video_id": 892})
+            [lease] = queue.client.claim("transcode")
+            assert lease.task_id == job.id
+            assert queue.client.complete(lease.lease_token, {"status": "success"}).outcome == "accepted"
 
 
 def _batonq_tables(conn: psycopg.Connection[Any]) -> dict[str, bool]:
