@@ -159,6 +159,38 @@ def test_the_same_kind_and_dedupe_key_while_active_is_the_same_job(
         assert [client.task(i).state for i in (first.id, fresh.id)] == ["cancelled", "done"]
 
 
+def test_two_enqueues_at_once_after_the_job_finished_make_one_new_job(
+    client: batonq.Client, admin_dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """Both find the finished job's key: the first to let it go makes the
+    new job, the other waits for it and returns that job."""
+    call = "SELECT task_id, created FROM batonq.enqueue_deduped('transcode', '{}', 'video:892')"
+    first = client.enqueue("transcode", {}, dedupe_key="video:892")
+    [lease] = client.claim("transcode")
+    client.complete(lease.lease_token, None)
+    with psycopg.connect(admin_dsn) as a, psycopg.connect(admin_dsn, autocommit=True) as b:
+        a_row = a.execute(call).fetchone()  # in a transaction, not committed yet
+        b_pid = b.info.backend_pid
+        b_rows: list[tuple[Any, ...] | None] = []
+        b_call = threading.Thread(target=lambda: b_rows.append(b.execute(call).fetchone()))
+        b_call.start()
+        wait_for(
+            lambda: (
+                sql.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (b_pid,)
+                ).fetchone()
+                == (True,)
+            ),
+            timeout=10,
+            what="the second enqueue waits on the first",
+        )
+        a.commit()
+        b_call.join(10)
+    assert a_row is not None and a_row[0] != first.task_id and a_row[1] is True
+    assert b_rows == [(a_row[0], False)]
+    assert [t.id for t in client.tasks("transcode", state="pending")] == [a_row[0]]
+
+
 def test_bad_arguments_get_batonq_errors(dsn: str) -> None:
     with LeaseQueue(dsn) as queue:
         with pytest.raises(batonq.InvalidQueueName):
