@@ -293,6 +293,7 @@ class AsyncClient:
         max_wait_s: float | None = None,
         keep: str = "last",
         group: str | None = None,
+        dedupe_key: str | None = None,
         conn: psycopg.AsyncConnection[Any] | None = None,
     ) -> Enqueued:
         """Enqueue one task; with ``idempotency_key``, at most one task per
@@ -307,12 +308,16 @@ class AsyncClient:
         ``group`` (1-128 characters, e.g. a customer id) counts the task
         against its queue's ``group_max_leased`` and ``group_rate_limit``.
 
+        ``dedupe_key``: an idempotency key held only while its task is
+        unfinished; once that task is done, dead or cancelled, the same key
+        enqueues a new task.
+
         ``conn`` joins your transaction: the task exists only if it commits.
         """
         call = operations.enqueue(
             queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
             idempotency_key=idempotency_key, held=held, parent=parent, debounce_key=debounce_key,
-            debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep, group=group,
+            debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep, group=group, dedupe_key=dedupe_key,
         )  # fmt: skip
         return await self._run(call, conn)
 

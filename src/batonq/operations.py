@@ -114,8 +114,17 @@ def enqueue(
     max_wait_s: float | None = None,
     keep: str = "last",
     group: str | None = None,
+    dedupe_key: str | None = None,
 ) -> Call[Enqueued]:
-    _texts(group=group, idempotency_key=idempotency_key, debounce_key=debounce_key)
+    _texts(group=group, idempotency_key=idempotency_key, debounce_key=debounce_key, dedupe_key=dedupe_key)
+    if dedupe_key is not None:
+        if idempotency_key is not None or debounce_key is not None or held or parent is not None:
+            raise InvalidArgument("dedupe_key takes no idempotency_key, debounce_key, held or parent")
+        return Call(
+            "SELECT * FROM batonq.enqueue_deduped(%s, %s, %s, %s, %s, %s, %s)",
+            (queue, _json(payload), dedupe_key, priority, float(delay_s), max_attempts, group),
+            _one(Enqueued),
+        )
     if debounce_key is not None or debounce_s is not None:
         if debounce_key is None or debounce_s is None:
             raise InvalidArgument("debounce needs both debounce_key and debounce_s")

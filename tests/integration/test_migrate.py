@@ -138,6 +138,16 @@ def test_the_sql_directories_hold_what_migrate_applies() -> None:
     assert not list(SQL_DIR.glob("*.sql")), "SQL goes in migrations/ or engine/"
 
 
+def test_the_shipped_sql_file_is_print_sql() -> None:
+    """sql/batonq.sql, for ``psql -d mydb -f sql/batonq.sql``, is what
+    ``batonq migrate --print-sql`` prints (tests/worker/test_talos.py applies
+    it with psql and runs a program on it)."""
+    shipped_file = Path(__file__).resolve().parents[2] / "sql" / "batonq.sql"
+    assert shipped_file.read_text(encoding="utf-8") == script(), (
+        "sql/batonq.sql is stale: batonq migrate --print-sql > sql/batonq.sql"
+    )
+
+
 def test_psql_files_match_migrate(empty_db: Callable[[], str], tmp_path: Path) -> None:
     """The files one by one, or the one script of --print-sql, by psql give
     what batonq migrate gives, and migrate then finds nothing pending."""

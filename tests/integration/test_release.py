@@ -53,6 +53,7 @@ def test_the_sdist_carries_the_sql(tmp_path: Path) -> None:
         shipped = {Path(*Path(name).parts[1:]) for name in archive.getnames()}
     sql = {p.relative_to(ROOT) for p in (ROOT / "src" / "batonq" / "sql").rglob("*.sql")}
     assert sql and sql <= shipped
+    assert Path("sql", "batonq.sql") in shipped, "psql -f sql/batonq.sql works from the sdist too"
     assert {Path("pyproject.toml"), Path("README.md"), Path("CHANGELOG.md")} <= shipped
 
 

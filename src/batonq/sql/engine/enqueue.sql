@@ -193,6 +193,35 @@ BEGIN
     RETURN v_reply;
 END $$;
 
+-- Enqueue one task under a dedupe key: an idempotency key held only while
+-- its task is unfinished. The key of a task that is done, dead or cancelled
+-- (no longer in the hot table) is let go first, so the same key enqueues a
+-- new task, where batonq.enqueue would return the finished one until
+-- retention drops it. Two callers at once: the first to let the key go
+-- takes it for its new task; the other's DELETE waits on that row, finds
+-- it gone, and batonq.enqueue's next statement sees the new task's key.
+CREATE OR REPLACE FUNCTION batonq.enqueue_deduped(
+    p_queue        text,
+    p_payload      jsonb,
+    p_dedupe_key   text,
+    p_priority     integer DEFAULT 0,
+    p_delay_s      double precision DEFAULT 0,
+    p_max_attempts integer DEFAULT NULL,
+    p_group        text DEFAULT NULL
+) RETURNS batonq.enqueued
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+BEGIN
+    IF p_dedupe_key IS NULL THEN
+        PERFORM batonq._invalid_argument('dedupe_key must not be null');
+    END IF;
+    DELETE FROM batonq.idempotency_keys k
+     WHERE k.queue = p_queue AND k.key = p_dedupe_key
+       AND NOT EXISTS (SELECT FROM batonq.tasks t WHERE t.queue = p_queue AND t.id = k.task_id);
+    RETURN batonq.enqueue(p_queue, p_payload, p_priority, p_delay_s, p_max_attempts, p_dedupe_key,
+                          false, NULL, p_group);
+END $$;
+
 -- Enqueue many tasks into one queue in one call (10,000 is fine). The
 -- arrays run in parallel: payloads, and optionally idempotency keys,
 -- priorities, delays and groups (NULL or a shorter array means
@@ -320,5 +349,6 @@ END $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint, text),
+    batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text),
     batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[])
 TO batonq_worker;
