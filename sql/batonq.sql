@@ -550,6 +550,30 @@ CREATE INDEX schedules_queue_idx ON batonq.schedules (queue);
 
 INSERT INTO batonq.migrations (version, name) VALUES (4, 'shape');
 
+-- migrations/0006_sessions.sql
+-- Dashboard sessions (engine/keys.sql): the dashboard's cookie holds a
+-- random token, never the API key; only sha256(token) is stored. A session
+-- lasts until it expires, its user signs out, or its key is revoked.
+CREATE TABLE batonq.dashboard_sessions (
+    token_hash  bytea PRIMARY KEY,
+    key_id      bigint NOT NULL REFERENCES batonq.api_keys (id),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL
+);
+
+-- Revoking a key ends its sessions; retention removes the expired ones.
+CREATE INDEX dashboard_sessions_key_idx ON batonq.dashboard_sessions (key_id);
+CREATE INDEX dashboard_sessions_expires_idx ON batonq.dashboard_sessions (expires_at);
+
+-- Nothing but the engine's functions may touch it.
+REVOKE ALL ON batonq.dashboard_sessions FROM PUBLIC;
+
+-- A run's lineage is read a page at a time: run_tasks takes a limit
+-- (engine/graph.sql makes the new one).
+DROP FUNCTION IF EXISTS batonq.run_tasks(bigint);
+
+INSERT INTO batonq.migrations (version, name) VALUES (6, 'sessions');
+
 -- migrations/0011_row_security.sql
 -- Row level security on every batonq table, with no policy: a role that
 -- is granted a table anyway (a REST layer's anon or authenticated roles,
@@ -2416,7 +2440,8 @@ END $$;
 
 -- Retention: finished tasks older than their queue's retention_s go, with
 -- their submit records and idempotency keys, debounce windows whose task
--- has finished, and the group rate buckets that are full again. Whole day
+-- has finished, the group rate buckets that are full again, and expired
+-- dashboard sessions. Whole day
 -- partitions older than the longest retention are dropped; queues that keep
 -- less lose their older rows by DELETE, p_batch at a time. Returns what it
 -- removed.
@@ -2432,6 +2457,7 @@ DECLARE
     v_keys       integer := 0;
     v_debounces  integer := 0;
     v_buckets    integer := 0;
+    v_sessions   integer := 0;
 BEGIN
     FOR v_part IN
         SELECT c.relname
@@ -2513,12 +2539,18 @@ BEGIN
      WHERE b.queue = idle.queue AND b.group_key = idle.group_key AND b.full_at = idle.full_at;
     GET DIAGNOSTICS v_buckets = ROW_COUNT;
 
+    -- An expired session signs nobody in (session_for_auth): the row goes.
+    DELETE FROM batonq.dashboard_sessions s
+     WHERE s.token_hash = ANY (ARRAY(
+        SELECT s2.token_hash FROM batonq.dashboard_sessions s2 WHERE s2.expires_at <= now() LIMIT p_batch));
+    GET DIAGNOSTICS v_sessions = ROW_COUNT;
+
     -- behind: a full batch was removed, so more may be due now.
     RETURN jsonb_build_object('partitions_dropped', v_dropped, 'archived_deleted', v_rows,
                               'keys_deleted', v_keys, 'debounces_deleted', v_debounces,
-                              'rate_buckets_deleted', v_buckets,
+                              'rate_buckets_deleted', v_buckets, 'sessions_deleted', v_sessions,
                               'behind', v_rows = p_batch OR v_keys = p_batch OR v_debounces = p_batch
-                                        OR v_buckets = p_batch);
+                                        OR v_buckets = p_batch OR v_sessions = p_batch);
 END $$;
 
 -- What the sweeper runs every minute or so.
@@ -2849,17 +2881,31 @@ BEGIN
     END LOOP;
 END $$;
 
--- Every task of a run (the tree under one root), oldest first.
-CREATE OR REPLACE FUNCTION batonq.run_tasks(p_root_id bigint) RETURNS SETOF batonq.task_view
+-- The tasks of a run (the tree under one root), oldest first: the first
+-- p_limit (NULL: all). The ids are picked first, so a page of a long run
+-- reads only its own tasks whole (payload, result, errors), not the run's.
+CREATE OR REPLACE FUNCTION batonq.run_tasks(p_root_id bigint, p_limit integer DEFAULT NULL)
+RETURNS SETOF batonq.task_view
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off
 BEGIN ATOMIC
+    -- With each id, its partition key: the second look goes to one partition.
+    WITH shown AS (
+        SELECT u.id, u.queue, u.finished_at FROM (
+            SELECT t.id, t.queue, NULL::timestamptz AS finished_at FROM batonq.tasks t
+             WHERE t.id = p_root_id OR (t.root_id = p_root_id AND t.parent_id IS NOT NULL)
+            UNION ALL
+            SELECT a.id, a.queue, a.finished_at FROM batonq.archive a
+             WHERE a.id = p_root_id OR (a.root_id = p_root_id AND a.parent_id IS NOT NULL)
+        ) u ORDER BY u.id LIMIT p_limit
+    )
     SELECT v.* FROM (
-        SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
-         WHERE t.id = p_root_id OR (t.root_id = p_root_id AND t.parent_id IS NOT NULL)
+        SELECT (batonq._hot_view(t)).* FROM shown s
+          JOIN batonq.tasks t ON t.id = s.id AND t.queue = s.queue
+         WHERE s.finished_at IS NULL
         UNION ALL
-        SELECT (batonq._archive_view(a)).* FROM batonq.archive a
-         WHERE a.id = p_root_id OR (a.root_id = p_root_id AND a.parent_id IS NOT NULL)
+        SELECT (batonq._archive_view(a)).* FROM shown s
+          JOIN batonq.archive a ON a.id = s.id AND a.finished_at = s.finished_at
     ) v ORDER BY v.id;
 END;
 
@@ -2903,7 +2949,7 @@ END $$;
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint), batonq.run_status(bigint)
+GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint, integer), batonq.run_status(bigint)
 TO batonq_reader;
 
 -- engine/keys.sql
@@ -2912,8 +2958,16 @@ TO batonq_reader;
 -- A key is bq_<id>_<secret>. Only sha256(secret) is stored; the key is
 -- returned once, by create_key. A key has a ring (0 admin, 1 operator,
 -- 2 worker, 3 observer: a ring-N key may do all that rings N..3 may) and
--- queue scopes (glob patterns such as 'shop:*'). No role gets these
+-- queue scopes (glob patterns such as 'shop:*'). No role gets the key
 -- functions: the service calls them as the schema's owner.
+--
+-- A dashboard session is a random token in the browser's cookie, only its
+-- sha256 stored: signing in with a key starts one, signing out or revoking
+-- the key ends it, and it expires 12 hours after sign-in (retention removes
+-- it then). The session functions do nothing without a secret (the key's
+-- secret hash, which only the owner may read, or the session's token), so
+-- batonq_worker may call them: a service that runs as a member of it starts,
+-- checks and ends sessions without touching the table.
 
 CREATE OR REPLACE FUNCTION batonq._key_view(k batonq.api_keys) RETURNS batonq.api_key
 LANGUAGE sql IMMUTABLE
@@ -2943,18 +2997,26 @@ BEGIN
     RETURN QUERY SELECT 'bq_' || v_key.id || '_' || v_secret, v_key.id, v_key.name, v_key.ring, v_key.queues;
 END $$;
 
+-- Mark a key used, at most once a minute, so checking it costs no write
+-- per request.
+CREATE OR REPLACE FUNCTION batonq._key_used(p_id bigint) RETURNS void
+LANGUAGE sql SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off
+BEGIN ATOMIC
+    UPDATE batonq.api_keys SET last_used_at = now()
+     WHERE id = p_id AND revoked_at IS NULL
+       AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute');
+END;
+
 -- What the service needs to check a presented key: the stored hash (it
--- compares in constant time itself), ring and scopes. Marks the key used,
--- at most once a minute, so checking costs no write per request.
+-- compares in constant time itself), ring and scopes. Marks the key used.
 CREATE OR REPLACE FUNCTION batonq.key_for_auth(p_id bigint)
 RETURNS TABLE (secret_hash bytea, ring smallint, queues text[], revoked boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 BEGIN
-    UPDATE batonq.api_keys SET last_used_at = now()
-     WHERE id = p_id AND revoked_at IS NULL
-       AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute');
+    PERFORM batonq._key_used(p_id);
     RETURN QUERY SELECT k.secret_hash, k.ring, k.queues, k.revoked_at IS NOT NULL
                    FROM batonq.api_keys k WHERE k.id = p_id;
 END $$;
@@ -2978,6 +3040,8 @@ BEGIN
         RAISE EXCEPTION 'key % not found', p_id USING ERRCODE = 'BQ009',
               DETAIL = jsonb_build_object('key_id', p_id)::text;
     END IF;
+    -- Signed out everywhere at once (session_for_auth refuses them anyway).
+    DELETE FROM batonq.dashboard_sessions WHERE key_id = p_id;
     RETURN batonq._key_view(v_key);
 END $$;
 
@@ -2994,9 +3058,69 @@ BEGIN
     END IF;
 END $$;
 
+-- Sign in to the dashboard: a session for the key bq_<p_key_id>_<secret>
+-- (p_secret_hash is sha256(secret)), under the token whose sha256 is
+-- p_token_hash; the key's ring and scopes, or no row for a key that is
+-- unknown, revoked or not this secret. The hashes are compared here, not in
+-- constant time: a timing difference tells at most how a stored hash
+-- begins, and finding a secret with that hash is no easier for it.
+CREATE OR REPLACE FUNCTION batonq.create_session(p_key_id bigint, p_secret_hash bytea, p_token_hash bytea)
+RETURNS TABLE (key_id bigint, ring smallint, queues text[])
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_key batonq.api_keys;
+BEGIN
+    SELECT * INTO v_key FROM batonq.api_keys k
+     WHERE k.id = p_key_id AND k.secret_hash = p_secret_hash AND k.revoked_at IS NULL
+       FOR SHARE;  -- a revoke_key at the same moment ends this session too
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF octet_length(p_token_hash) IS DISTINCT FROM 32 THEN
+        PERFORM batonq._invalid_argument('a session token hash is 32 bytes (sha256)');
+    END IF;
+    INSERT INTO batonq.dashboard_sessions (token_hash, key_id, expires_at)
+    VALUES (p_token_hash, v_key.id, now() + interval '12 hours');
+    PERFORM batonq._key_used(v_key.id);
+    RETURN QUERY SELECT v_key.id, v_key.ring, v_key.queues;
+END $$;
+
+-- The key behind a live session (the token whose sha256 is p_token_hash):
+-- its id, ring and scopes as they are now; no row once the session expired
+-- or ended, or its key was revoked.
+CREATE OR REPLACE FUNCTION batonq.session_for_auth(p_token_hash bytea)
+RETURNS TABLE (key_id bigint, ring smallint, queues text[])
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+DECLARE
+    v_key record;
+BEGIN
+    SELECT k.id, k.ring, k.queues INTO v_key
+      FROM batonq.dashboard_sessions s JOIN batonq.api_keys k ON k.id = s.key_id
+     WHERE s.token_hash = p_token_hash AND s.expires_at > now() AND k.revoked_at IS NULL;
+    IF FOUND THEN
+        PERFORM batonq._key_used(v_key.id);
+        RETURN QUERY SELECT v_key.id, v_key.ring, v_key.queues;
+    END IF;
+END $$;
+
+-- Sign out: the session of the token whose sha256 is p_token_hash ends.
+CREATE OR REPLACE FUNCTION batonq.end_session(p_token_hash bytea) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off
+BEGIN ATOMIC
+    WITH ended AS (DELETE FROM batonq.dashboard_sessions s WHERE s.token_hash = p_token_hash RETURNING 1)
+    SELECT EXISTS (SELECT FROM ended);
+END;
+
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+    batonq.create_session(bigint, bytea, bytea), batonq.session_for_auth(bytea), batonq.end_session(bytea)
+TO batonq_worker;
 
 -- engine/dashboard.sql
 -- batonq engine: the reads behind the dashboard (batonq serve, /ui).
@@ -3539,6 +3663,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('0222868e038acf80be663b24b92f5806459f905a57d63996ec8bc5c29e695541');
+INSERT INTO batonq.engine (sha256) VALUES ('aeea41ee13d578630fa06e5a4f8cf1be9b313f1d63bc19d90b26601da1f74c06');
 
 COMMIT;
