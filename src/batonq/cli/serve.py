@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import logging.config
 import os
 import signal
 from types import FrameType
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from batonq.cli.common import open_client, resolved_dsn
+from batonq.worker.logs import json_log_config
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -21,6 +24,7 @@ __all__ = ["app_from_env", "serve"]
 _ENV_APP = "BATONQ_SERVE_APP"
 # Seconds a --workers process may take to answer uvicorn's health check.
 _HEALTHCHECK_S = 60
+_log = logging.getLogger("batonq.serve")
 
 
 @click.command()
@@ -78,6 +82,9 @@ _HEALTHCHECK_S = 60
 )
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))  # fmt: skip
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object per line (time, level, logger, message; a request's method, path, "
+              "status and client).")  # fmt: skip
 @click.pass_context
 def serve(
     ctx: click.Context,
@@ -91,6 +98,7 @@ def serve(
     max_connections: int,
     read_url: str | None,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Run the HTTP API (/v1) and the dashboard (/ui), with a sweeper, on the
     embedded database by default.
@@ -115,27 +123,37 @@ def serve(
     signal.signal(signal.SIGTERM, _exit_on_signal)
     with open_client(ctx) as client:
         first = client.create_first_key()
-    if first is not None:
-        click.echo(
-            "\nFirst start: an admin key (ring 0, all queues) was made. It is shown only now:\n\n"
-            f"    {first.key}\n\n"
-            "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
-            err=True,
-        )
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"Dashboard: http://{shown}:{port}/ui (sign in with an API key)", err=True)
+    dashboard = f"http://{shown}:{port}/ui"
+    # uvicorn's own text logs, or JSON lines from every logger it and batonq use.
+    logs: dict[str, Any] = {} if log_format == "text" else {"log_config": json_log_config(log_level)}
+    if logs:
+        logging.config.dictConfig(logs["log_config"])
+        if first is not None:
+            _log.warning("first start: an admin key (ring 0, all queues) was made; it is shown only now",
+                         extra={"admin_key": first.key})  # fmt: skip
+        _log.info("dashboard at %s (sign in with an API key)", dashboard)
+    else:
+        if first is not None:
+            click.echo(
+                "\nFirst start: an admin key (ring 0, all queues) was made. It is shown only now:\n\n"
+                f"    {first.key}\n\n"
+                "Make narrower keys with `batonq keys create --ring 2 --queues 'shop:*'`.\n",
+                err=True,
+            )
+        click.echo(f"Dashboard: {dashboard} (sign in with an API key)", err=True)
     settings: dict[str, Any] = {"dsn": dsn, "max_body_bytes": max_body_bytes, "keepalive_s": keepalive_s,
                 "max_streams_per_key": max_streams_per_key, "new_queues_per_hour": new_queues_per_key,
                 "client_options": {"max_connections": max_connections}, "read_dsn": read_url}  # fmt: skip
     if workers == 1:
-        uvicorn.run(create_server(**settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_server(**settings), host=host, port=port, log_level=log_level, **logs)
         return
     os.environ[_ENV_APP] = json.dumps(settings)  # the worker processes inherit it
     # uvicorn kills and restarts a process that does not answer its health
     # check in time, and a new process answers only once it has imported the
     # service: at uvicorn's 5 s, a busy host restarts them in a loop.
     uvicorn.run("batonq.cli.serve:app_from_env", factory=True, workers=workers,
-                host=host, port=port, log_level=log_level,
+                host=host, port=port, log_level=log_level, **logs,
                 timeout_worker_healthcheck=_HEALTHCHECK_S)  # fmt: skip
 
 

@@ -1,7 +1,8 @@
-"""Structured logs for the worker: every record about a job carries
-``task_id``, ``queue``, ``attempt``, ``fencing_token`` (and, when it ends,
-``outcome`` and ``duration_s``) as ``extra`` fields; ``JsonFormatter`` prints
-them as one JSON object per line."""
+"""Structured logs for the worker and the service: every record about a job
+carries ``task_id``, ``queue``, ``attempt``, ``fencing_token`` (and, when it
+ends, ``outcome`` and ``duration_s``) as ``extra`` fields; ``JsonFormatter``
+prints them as one JSON object per line, and a request's access record as its
+method, path, status and client."""
 
 from __future__ import annotations
 
@@ -11,9 +12,13 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["FIELDS", "JsonFormatter", "TextFormatter", "configure"]
+__all__ = ["FIELDS", "JsonFormatter", "TextFormatter", "configure", "json_log_config"]
 
-FIELDS = ("worker", "task_id", "queue", "attempt", "fencing_token", "outcome", "duration_s", "state")
+FIELDS = (
+    "worker", "task_id", "queue", "attempt", "fencing_token", "outcome", "duration_s", "state", "admin_key",
+)  # fmt: skip
+# uvicorn's access records: (client, method, path, HTTP version, status) as the message's arguments.
+_ACCESS = ("client", "method", "path", "http_version", "status")
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,6 +34,8 @@ class JsonFormatter(logging.Formatter):
         for name in FIELDS:
             if name in record.__dict__:
                 entry[name] = record.__dict__[name]
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
+            entry.update(zip(_ACCESS, record.args, strict=True))
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
@@ -57,3 +64,16 @@ def configure(level: str = "info", fmt: str = "text") -> None:
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())
     logger.propagate = False
+
+
+def json_log_config(level: str) -> dict[str, Any]:
+    """A ``logging.config`` dictionary sending batonq's and uvicorn's records
+    to stderr as JSON lines (for ``batonq serve --log-format json``)."""
+    handler = {"handlers": ["json"], "level": level.upper(), "propagate": False}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"json": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},
+        "loggers": {"batonq": handler, "uvicorn": handler, "uvicorn.access": handler},
+    }
