@@ -476,7 +476,7 @@ async def batonq_schedule(
     ],
     cron: Annotated[
         str | None,
-        Field(max_length=200, description="For add: five cron fields, or six with seconds last."),
+        Field(max_length=200, description="For add: five cron fields, or six with seconds first."),
     ] = None,
     queue: Annotated[
         str | None,
