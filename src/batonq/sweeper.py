@@ -94,9 +94,10 @@ class Sweeper:
     removes them. Autovacuum at PostgreSQL's defaults looks at a database
     once a minute, long enough for a busy queue to slow by a quarter.
 
-    A schedule's tick fires within about ``interval_s`` of its time; one
-    found more than ``schedule_grace_s`` late (default: twice the interval,
-    at least 2 s) passed while no sweeper ran, and the schedule's missed-tick
+    A schedule's tick fires within about ``interval_s`` of its time (every
+    schedule due fires in the round, however many); one more than
+    ``schedule_grace_s`` late when the round began (default: twice the
+    interval, at least 2 s) passed while no sweeper ran, and the schedule's missed-tick
     setting decides whether it fires."""
 
     def __init__(
@@ -199,7 +200,7 @@ class Sweeper:
             if due:
                 started = started or due[0][-1]
                 self._fire_page(conn, due, started)
-            if len(due) < _DUE_PAGE:
+            if len(due) < _DUE_PAGE or self._stop.is_set():
                 return
             after = due[-1][0]
 
