@@ -597,7 +597,7 @@ class Client:
         actor: str | None = None,
     ) -> Schedule:
         """Enqueue ``payload`` into ``queue`` at each tick of ``cron`` (five
-        fields, or six with seconds last), read in time zone ``tz``.
+        fields, or six with seconds first), read in time zone ``tz``.
 
         A sweeper (``batonq serve``, ``batonq worker``, or ``sweeper=True``)
         fires each tick once, whichever process leads. ``missed``: a tick

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import psycopg
@@ -194,6 +195,36 @@ _BY_SQLSTATE: dict[str, type[BatonqError]] = {
 }
 
 
+_MAX_INT = 2**31 - 1
+_INFINITE = re.compile(r'Token "-?Infinity" is invalid')
+
+
+def _refused_value(error: psycopg.Error, sqlstate: str) -> BatonqError | None:
+    """What is wrong with a value the driver or PostgreSQL cannot take at
+    all (before the engine sees it), as the batonq error a user can act on."""
+    detail = error.diag.message_detail or ""
+    if sqlstate == "22P02" and "JSON" in (error.diag.context or ""):
+        # json.dumps writes float('inf') and float('nan'), which JSON has not.
+        if _INFINITE.search(detail):
+            return NumberTooLarge(
+                "a JSON value holds an infinite number (Infinity): numbers must be under 1e300",
+                limit=300,
+            )
+        if 'Token "NaN"' in detail:
+            return InvalidArgument("a JSON value holds NaN, which JSON has no way to write: use null")
+    if sqlstate == "22P05" and "\\u0000" in detail:
+        return InvalidArgument("a JSON value holds a NUL character (\\u0000), which PostgreSQL cannot store")
+    if not sqlstate and isinstance(error, psycopg.DataError) and "NUL" in str(error):
+        return InvalidArgument("a text argument holds a NUL character (\\x00), which PostgreSQL cannot store")
+    types = error.diag.message_primary or ""
+    if sqlstate == "42883" and re.search(r"\b(bigint|numeric)\b", types) and not re.search(
+        r"\b(boolean|double precision)\b", types
+    ):
+        # psycopg sends an int past 32 bits as bigint: no function takes it.
+        return InvalidArgument(f"a number is out of range: counts and limits are at most {_MAX_INT}")
+    return None
+
+
 def from_database_error(error: psycopg.Error) -> Exception:
     """The batonq exception for an engine error, or ``error`` itself."""
     sqlstate = error.sqlstate or ""
@@ -207,6 +238,9 @@ def from_database_error(error: psycopg.Error) -> Exception:
             except ValueError:
                 detail = {"detail": raw}
         return cls(error.diag.message_primary or str(error), **detail)
+    refused = _refused_value(error, sqlstate)
+    if refused is not None:
+        return refused
     if sqlstate == "42883" and "batonq" in str(error):
         # No function of that name takes arguments of these types: an
         # argument of the wrong Python type, or a schema older than the code.

@@ -578,7 +578,7 @@ class ScheduleIn(Strict):
     name: str = Field(pattern=QUEUE_NAME_PATTERN, examples=["nightly-report"])
     cron: str = Field(
         min_length=1, max_length=200, examples=["*/5 * * * *"],
-        description="five cron fields, or six with seconds last",
+        description="five cron fields, or six with seconds first",
     )  # fmt: skip
     queue: str = QueueName
     payload: Any = Field(default_factory=dict, description="what each tick enqueues")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime
+from typing import Any
 
 import psycopg
 
@@ -41,6 +43,36 @@ SELECT format('%%I.%%I', n.nspname, c.relname)
 """
 
 
+_DUE_PAGE = 1000  # due schedules fired in one call
+# Binary parameters: a text array of ten thousand times takes psycopg longer
+# to write than the database to fire them.
+_FIRE = (
+    "SELECT batonq.fire_schedules(%b::text[], %b::timestamptz[], %b::timestamptz[], %b::timestamptz[],"
+    " %b::timestamptz[], %b::integer[], %b::timestamptz[])"
+)
+
+
+def _fire(conn: psycopg.Connection, fires: list[tuple[str, Any, Any, schedules.FirePlan]]) -> int:
+    """Fire the planned ticks of ``(name, armed_at, next_tick, plan)`` in
+    one statement; the number of tasks enqueued."""
+    if not fires:
+        return 0
+    tick_of = [i for i, (*_, fire) in enumerate(fires, 1) for _ in fire.ticks]
+    row = conn.execute(
+        _FIRE,
+        (
+            [name for name, *_ in fires],
+            [armed_at for _, armed_at, _, _ in fires],
+            [next_tick for _, _, next_tick, _ in fires],
+            [fire.missed for *_, fire in fires],
+            [fire.next_tick for *_, fire in fires],
+            tick_of,
+            [tick for *_, fire in fires for tick in fire.ticks],
+        ),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
 def _log_warning(notice: psycopg.errors.Diagnostic) -> None:
     """The engine's warnings (a schedule's skipped tick) in the sweeper's log."""
     if notice.severity_nonlocalized == "WARNING":
@@ -62,9 +94,10 @@ class Sweeper:
     removes them. Autovacuum at PostgreSQL's defaults looks at a database
     once a minute, long enough for a busy queue to slow by a quarter.
 
-    A schedule's tick fires within about ``interval_s`` of its time; one
-    found more than ``schedule_grace_s`` late (default: twice the interval,
-    at least 2 s) passed while no sweeper ran, and the schedule's missed-tick
+    A schedule's tick fires within about ``interval_s`` of its time (every
+    schedule due fires in the round, however many); one more than
+    ``schedule_grace_s`` late when the round began (default: twice the
+    interval, at least 2 s) passed while no sweeper ran, and the schedule's missed-tick
     setting decides whether it fires."""
 
     def __init__(
@@ -160,31 +193,48 @@ class Sweeper:
             self._stop.wait(self.interval_s)
 
     def _fire_schedules(self, conn: psycopg.Connection) -> None:
-        for name, cron, tz, armed_at, next_tick, now in conn.execute(
-            "SELECT * FROM batonq.due_schedules()"
-        ).fetchall():
+        """Every due schedule, a page at a time, each page fired in one call."""
+        after = started = None
+        while True:
+            due = conn.execute("SELECT * FROM batonq.due_schedules(%s, %s)", (_DUE_PAGE, after)).fetchall()
+            if due:
+                started = started or due[0][-1]
+                self._fire_page(conn, due, started)
+            if len(due) < _DUE_PAGE or self._stop.is_set():
+                return
+            after = due[-1][0]
+
+    def _fire_page(self, conn: psycopg.Connection, due: list[tuple[Any, ...]], started: datetime) -> None:
+        """Fire a page of due schedules. A tick on time when the round
+        ``started`` stays on time however long the round's earlier pages took
+        (thousands due at once): missed ticks are those no firer was there for."""
+        fires: list[tuple[str, Any, Any, schedules.FirePlan]] = []
+        for name, cron, tz, armed_at, next_tick, now in due:
+            grace_s = self.schedule_grace_s + (now - started).total_seconds()
             try:
-                due = schedules.plan(
-                    cron, tz, armed_at=armed_at, next_tick=next_tick, now=now, grace_s=self.schedule_grace_s
+                fire = schedules.plan(
+                    cron, tz, armed_at=armed_at, next_tick=next_tick, now=now, grace_s=grace_s
                 )
             except (ValueError, KeyError, LookupError) as error:  # written past the client's check
                 if name not in self._unreadable:
                     self._unreadable.add(name)
                     log.warning("schedule %s cannot be read (%s); skipped", name, error)
                 continue
-            try:
-                row = conn.execute(
-                    "SELECT batonq.fire_schedule(%s, %s, %s, %s, %s::timestamptz[], %s)",
-                    (name, armed_at, next_tick, due.missed, due.ticks, due.next_tick),
-                ).fetchone()
-            except psycopg.OperationalError:
-                raise  # the connection: the sweeper connects again
-            except psycopg.Error as error:
-                # One schedule's failure is its own: the others fire, and
-                # the sweep and maintenance go on.
-                log.warning("schedule %s did not fire (%s)", name, error)
-                continue
-            self.fired += int(row[0]) if row else 0
+            fires.append((name, armed_at, next_tick, fire))
+        try:
+            self.fired += _fire(conn, fires)
+        except psycopg.OperationalError:
+            raise  # the connection: the sweeper connects again
+        except psycopg.Error:
+            # One schedule's failure is its own: the others fire, and the
+            # sweep and maintenance go on.
+            for one in fires:
+                try:
+                    self.fired += _fire(conn, [one])
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as error:
+                    log.warning("schedule %s did not fire (%s)", one[0], error)
 
     def _vacuum(self, conn: psycopg.Connection) -> None:
         for (table,) in conn.execute(_VACUUM_DUE, (self.vacuum_dead,)).fetchall():

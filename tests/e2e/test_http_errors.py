@@ -272,3 +272,13 @@ def test_the_operator_actions_refuse_the_wrong_state(shared_http: httpx.Client) 
     task_id = enqueue(shared_http, "states", 1)
     error = problem(shared_http.post(f"/v1/tasks/{task_id}/release"), 409, "invalid_state")
     assert "pending" in error["message"]
+
+
+def test_an_infinite_number_is_number_too_large(shared_http: httpx.Client) -> None:
+    """1e5000 parses as infinity, which JSON cannot write back: refused as
+    a number of 1e300 or more, as the error table says."""
+    body = b'{"queue": "infinite", "payload": {"n": 1e5000}}'
+    sent = shared_http.post("/v1/enqueue", content=body, headers={"Content-Type": "application/json"})
+    error = problem(sent, 400, "number_too_large")
+    assert "infinite number" in error["message"] and error["limit"] == 300
+    assert shared_http.get("/v1/tasks", params={"queue": "infinite"}).json()["tasks"] == []

@@ -328,3 +328,48 @@ def test_rows_stored_before_the_limits_still_load(
     sql.execute("UPDATE batonq.tasks SET payload = %s::jsonb WHERE queue = %s", (f"[{huge}]", Q))
     [again] = [t for t in client.tasks(Q) if t.id == min(by_id)]
     assert again.payload == [Decimal(huge)]
+
+
+REFUSED_VALUES = [
+    ("enqueue", {"payload": {"x": float("nan")}}, batonq.InvalidArgument, "holds NaN"),
+    ("enqueue", {"payload": {"x": float("inf")}}, batonq.NumberTooLarge, "infinite number"),
+    ("enqueue", {"payload": {"x": "a\x00b"}}, batonq.InvalidArgument, r"NUL character \(\\u0000\)"),
+    ("enqueue", {"payload": {}, "group": "a\x00b"}, batonq.InvalidArgument, r"NUL character \(\\x00\)"),
+    ("complete", {"result": {"x": float("-inf")}}, batonq.NumberTooLarge, "infinite number"),
+    ("configure_queue", {"max_leased": 2**31}, batonq.InvalidArgument, "at most 2147483647"),
+    ("configure_queue", {"rate_limit": 2**70}, batonq.InvalidArgument, "at most 2147483647"),
+]
+
+
+@pytest.mark.parametrize(("call", "args", "error", "message"), REFUSED_VALUES)
+def test_values_the_database_cannot_take_are_batonq_errors(
+    admin: batonq.Client, call: str, args: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """NaN and Infinity (which json.dumps writes), a NUL character and an
+    int past 32 bits are refused before the engine sees them: a batonq
+    error saying what is wrong, not the driver's."""
+    with pytest.raises(error, match=message):
+        if call == "complete":
+            admin.enqueue(Q, {})
+            [lease] = admin.claim(Q)
+            admin.complete(lease.lease_token, **args)
+        elif call == "configure_queue":
+            admin.configure_queue(Q, **args)
+        else:
+            admin.enqueue(Q, **args)
+
+
+@pytest.mark.parametrize(("call", "args", "error", "message"), REFUSED_VALUES)
+async def test_values_the_database_cannot_take_are_batonq_errors_async(
+    admin_dsn: str, call: str, args: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    async with await batonq.connect_async(admin_dsn) as admin:
+        with pytest.raises(error, match=message):
+            if call == "complete":
+                await admin.enqueue(Q, {})
+                [lease] = await admin.claim(Q)
+                await admin.complete(lease.lease_token, **args)
+            elif call == "configure_queue":
+                await admin.configure_queue(Q, **args)
+            else:
+                await admin.enqueue(Q, **args)

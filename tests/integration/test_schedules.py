@@ -3,9 +3,10 @@ competing sweeper processes, one of them killed, and across an outage."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -91,6 +92,7 @@ def test_queue_settings_changes_are_audited_with_who(admin: batonq.Client) -> No
     ("cron", "tz", "message"),
     [
         ("every minute", "UTC", "invalid cron expression"),
+        ("* * * * * * *", "UTC", "use five fields .* or six with seconds first"),
         ("* * * * *", "Mars/Olympus", "unknown time zone"),
         ("0 0 30 2 *", "UTC", "never fires"),  # 30 February
     ],
@@ -220,3 +222,87 @@ def test_an_outage_honours_the_missed_tick_setting(
     assert set(_seconds(ticks[0], down_at.replace(microsecond=0) - timedelta(seconds=1))) <= set(ticks)
     last = ticks[-1]
     assert set(_seconds(up_at.replace(microsecond=0) + timedelta(seconds=1), last)) <= set(ticks)
+
+
+NIGHTLY = 10_000
+
+
+def _nightly_customers(admin: batonq.Client, sql: psycopg.Connection[Any], in_s: int) -> datetime:
+    """NIGHTLY schedules (a nightly job per customer) that share one tick,
+    ``in_s`` seconds from now, as added one by one would be; the tick."""
+    admin.configure_queue("nightly", lease_s=60)
+    (now,) = sql.execute("SELECT date_trunc('second', now())").fetchone() or ()
+    tick = now.astimezone(UTC) + timedelta(seconds=in_s)
+    sql.execute(
+        "INSERT INTO batonq.schedules (name, cron, tz, queue, payload, missed)"
+        " SELECT format('customer-%%s', i), %s, 'UTC', 'nightly', jsonb_build_object('customer', i), 'skip'"
+        "   FROM generate_series(1, %s) i",
+        (f"{tick.second} {tick.minute} {tick.hour} * * *", NIGHTLY),
+    )
+    return tick
+
+
+def _check_fired_once_on_time(admin: batonq.Client, sql: psycopg.Connection[Any], tick: datetime) -> float:
+    """Every schedule fired ``tick`` once, on time (they say ``missed='skip'``:
+    a tick the firer took for missed would not fire at all); the seconds
+    from the tick to the last firing."""
+    count = "SELECT count(*) FROM batonq.schedule_firings"
+    wait_for(lambda: sql.execute(count).fetchone() == (NIGHTLY,), timeout=120, what="every tick fired")
+    fired = sql.execute(
+        "SELECT count(DISTINCT schedule), count(DISTINCT task_id), min(tick), max(tick), bool_or(catch_up),"
+        " extract(epoch FROM max(fired_at) - %s) FROM batonq.schedule_firings",
+        (tick,),
+    ).fetchone()
+    assert fired is not None
+    schedules, tasks, first, last, catch_up, late_s = fired
+    assert (schedules, tasks, first, last, catch_up) == (NIGHTLY, NIGHTLY, tick, tick, False)
+    assert sql.execute("SELECT count(*) FROM batonq.tasks WHERE queue = 'nightly'").fetchone() == (NIGHTLY,)
+    assert {s.next_tick for s in admin.schedules()} == {tick + timedelta(days=1)}
+    return float(late_s)
+
+
+def test_ten_thousand_schedules_due_on_one_tick_all_fire_on_time_once(
+    dsn: str, admin: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    tick = _nightly_customers(admin, sql, in_s=12)
+    sweepers = [batonq.Sweeper(dsn) for _ in range(2)]  # two workers: one leads
+    for sweeper in sweepers:
+        sweeper.start()
+    try:
+        late_s = _check_fired_once_on_time(admin, sql, tick)
+    finally:
+        for sweeper in sweepers:
+            sweeper.stop()
+    print(f"{NIGHTLY} schedules fired within {late_s:.2f} s of their tick")
+
+
+def test_two_firers_at_once_fire_each_of_ten_thousand_ticks_once(
+    dsn: str, admin: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    """Two sweepers that both believe they lead (one cut off from the
+    database long enough to lose its lock, still firing) fire each tick once."""
+    tick = _nightly_customers(admin, sql, in_s=12)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def fire() -> None:
+        firer = batonq.Sweeper(dsn)
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    firer._fire_schedules(conn)  # the leader's round, without the leader's lock
+                    stop.wait(0.2)
+        except BaseException as error:
+            errors.append(error)
+
+    firers = [threading.Thread(target=fire) for _ in range(2)]
+    for firer in firers:
+        firer.start()
+    try:
+        late_s = _check_fired_once_on_time(admin, sql, tick)
+    finally:
+        stop.set()
+        for firer in firers:
+            firer.join(timeout=60)
+    assert errors == []
+    print(f"{NIGHTLY} schedules fired by two firers within {late_s:.2f} s of their tick")

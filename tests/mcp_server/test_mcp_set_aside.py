@@ -35,3 +35,6 @@ async def test_tasks_lists_the_writes_set_aside(target: Target, sql: Sql) -> Non
     ).fetchone()
     assert worker is not None and worker[0]
     assert {w["worker"] for w in report["set_aside"]} == {worker[0]}
+    # And the key that claimed it, over HTTP (a stdio server has none).
+    keys = sql.execute("SELECT id FROM batonq.api_keys WHERE ring = 2").fetchall()
+    assert {w["key_id"] for w in report["set_aside"]} == ({keys[0][0]} if target.kind == "http" else {None})

@@ -57,3 +57,23 @@ def test_a_week_long_outage_names_one_missed_tick() -> None:
 def test_bad_expressions_and_zones_are_refused(cron: str, tz: str) -> None:
     with pytest.raises(InvalidArgument):
         check(cron, tz)
+
+
+def test_six_fields_put_the_seconds_first() -> None:
+    """``*/10 * * * * *`` fires every ten seconds, as docs/flow-control.md
+    says (and as Quartz and Spring read six fields)."""
+    start = utc(2026, 1, 1, 12, 0, 3)
+    due = plan("*/10 * * * * *", "UTC", armed_at=start, next_tick=None, now=start + timedelta(minutes=1),
+               grace_s=10**9)  # fmt: skip
+    assert due.ticks == [utc(2026, 1, 1, 12, 0, s) for s in (10, 20, 30, 40, 50)] + [utc(2026, 1, 1, 12, 1)]
+    assert due.next_tick == utc(2026, 1, 1, 12, 1, 10)
+    # Second 30 of minute 0 of hour 2: once a day.
+    daily = plan("30 0 2 * * *", "UTC", armed_at=start, next_tick=None, now=start, grace_s=2)
+    assert daily.next_tick == utc(2026, 1, 2, 2, 0, 30)
+    check("*/10 * * * * *", "UTC")
+
+
+@pytest.mark.parametrize("cron", ["* * * * * * *", "0 0 1 1 * * 2030", "* * * *"])
+def test_only_five_or_six_fields_are_accepted(cron: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"use five fields .* or six with seconds first"):
+        check(cron, "UTC")

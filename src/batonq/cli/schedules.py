@@ -39,7 +39,7 @@ def schedule() -> None:
 
 @schedule.command()
 @click.argument("name")
-@click.option("--cron", required=True, metavar="EXPR", help="Five cron fields, or six with seconds last.")
+@click.option("--cron", required=True, metavar="EXPR", help="Five cron fields, or six with seconds first.")
 @click.option("--queue", required=True, metavar="QUEUE", help="The queue each tick enqueues into.")
 @click.option("--payload", "payload", type=JSON_VALUE, default="{}", show_default=True, metavar="JSON",
               help="The payload each tick enqueues.")  # fmt: skip

@@ -350,9 +350,12 @@ async def batonq_claim(
     caller.check_write("batonq_claim")
     caller.check_queue(queue)
     with _as_tool_errors():
+        # The key is recorded on the lease, as the HTTP claim does: its
+        # set-aside writes name it (no key: 0, a server started without one).
         leases = await caller.client.claim(
-            queue, max_tasks=1, lease_s=lease_seconds, wait_s=wait_seconds, worker=caller.worker
-        )
+            queue, max_tasks=1, lease_s=lease_seconds, wait_s=wait_seconds, worker=caller.worker,
+            key_id=caller.access.key_id or None,
+        )  # fmt: skip
     return ClaimOut(task=ClaimedTask.of(leases[0]) if leases else None)
 
 
@@ -476,7 +479,7 @@ async def batonq_schedule(
     ],
     cron: Annotated[
         str | None,
-        Field(max_length=200, description="For add: five cron fields, or six with seconds last."),
+        Field(max_length=200, description="For add: five cron fields, or six with seconds first."),
     ] = None,
     queue: Annotated[
         str | None,
