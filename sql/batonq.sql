@@ -574,6 +574,13 @@ DROP FUNCTION IF EXISTS batonq.run_tasks(bigint);
 
 INSERT INTO batonq.migrations (version, name) VALUES (6, 'sessions');
 
+-- migrations/0008_due_pages.sql
+-- The firer reads the due schedules page by page, by name
+-- (engine/schedules.sql makes the new due_schedules).
+DROP FUNCTION IF EXISTS batonq.due_schedules(integer);
+
+INSERT INTO batonq.migrations (version, name) VALUES (8, 'due_pages');
+
 -- migrations/0011_row_security.sql
 -- Row level security on every batonq table, with no policy: a role that
 -- is granted a table anyway (a REST layer's anon or authenticated roles,
@@ -3356,7 +3363,12 @@ END $$;
 CREATE OR REPLACE TRIGGER queues_audit AFTER INSERT OR UPDATE OR DELETE ON batonq.queues
     FOR EACH ROW EXECUTE FUNCTION batonq._audit_settings('queue');
 
-CREATE OR REPLACE TRIGGER schedules_audit AFTER INSERT OR UPDATE OR DELETE ON batonq.schedules
+-- Not on the firer's moves (next_tick, last_tick, last_task_id, never
+-- audited): ten thousand schedules due at once move in one update, and the
+-- trigger would double its cost. A new column of settings is named here.
+CREATE OR REPLACE TRIGGER schedules_audit
+    AFTER INSERT OR UPDATE OF name, cron, tz, queue, payload, missed, paused, armed_at, created_at OR DELETE
+    ON batonq.schedules
     FOR EACH ROW EXECUTE FUNCTION batonq._audit_settings('schedule');
 
 -- The newest audit entries first, optionally of one kind and name; a page
@@ -3496,24 +3508,136 @@ END;
 
 -- The schedules whose next tick has come (or is not computed yet), with
 -- the database's clock: the firer reckons ticks by it, never by its own.
-CREATE OR REPLACE FUNCTION batonq.due_schedules(p_limit integer DEFAULT 100) RETURNS SETOF batonq.due_schedule
+-- A page of them by name, after p_after: the firer reads every page in a
+-- round, so no number of schedules due at once leaves one for a later round
+-- (and those it cannot read, whose ticks stay due, hold no page up).
+CREATE OR REPLACE FUNCTION batonq.due_schedules(p_limit integer DEFAULT 1000, p_after text DEFAULT NULL)
+RETURNS SETOF batonq.due_schedule
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT name, cron, tz, armed_at, next_tick, now() FROM batonq.schedules
      WHERE NOT paused AND (next_tick IS NULL OR next_tick <= now())
-     ORDER BY next_tick NULLS FIRST
+       AND (p_after IS NULL OR name > p_after)
+     ORDER BY name
      LIMIT p_limit;
 END;
 
--- Fire a schedule's due ticks and move it on to p_next_tick, the first
--- tick after now. The firer read (armed_at, next_tick) from due_schedules
--- and names them again: the update below succeeds for one caller only (a
--- compare-and-set under the schedule's row lock), so a tick fires once even
--- when two processes both believed themselves the firer, or one repeats a
--- call after a lost reply. p_ticks are the ticks due on time; p_missed, if
+-- Fire the due ticks of a batch of schedules (a page of due_schedules) in
+-- one call, and move each on to its next tick, the first after now. The
+-- arrays run in parallel, one entry a schedule: its name, and the
+-- (armed_at, next_tick) the firer read from due_schedules; p_missed, if
 -- any, the newest of the ticks that passed while no firer ran, fired once
--- on behalf of them all when the schedule says 'fire-once'. Returns the
--- number of tasks enqueued.
+-- on behalf of them all when the schedule says 'fire-once'; p_next_ticks.
+-- The ticks due on time are p_ticks, each naming its schedule by position
+-- in p_tick_of (counted from 1). A schedule moves on for one caller only (a
+-- compare-and-set under its row lock), so a tick fires once even when two
+-- processes both believed themselves the firer, or one repeats a call after
+-- a lost reply. Returns the number of tasks enqueued.
+CREATE OR REPLACE FUNCTION batonq.fire_schedules(
+    p_names      text[],
+    p_armed_at   timestamptz[],
+    p_expected   timestamptz[],
+    p_missed     timestamptz[],
+    p_next_ticks timestamptz[],
+    p_tick_of    integer[],
+    p_ticks      timestamptz[]
+) RETURNS integer
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_moved    text[];
+    v_next     timestamptz[];
+    v_names    text[];
+    v_queues   text[];
+    v_payloads jsonb[];
+    v_ticks    timestamptz[];
+    v_catch_up boolean[];
+    v_tasks    bigint[] := '{}';
+    v_ids      bigint[];
+    v_queue    text;
+    v_from     integer;
+    v_to       integer;
+BEGIN
+    -- The compare-and-set: the schedules still as the firer read them,
+    -- locked in name order (two firers given overlapping batches wait for
+    -- each other instead of deadlocking; the second finds them moved on).
+    SELECT array_agg(l.name ORDER BY l.name), array_agg(l.next_tick ORDER BY l.name)
+      INTO v_moved, v_next
+      FROM (SELECT s.name, f.next_tick FROM batonq.schedules s
+              JOIN unnest(p_names, p_armed_at, p_expected, p_next_ticks)
+                   AS f(name, armed_at, expected, next_tick) ON s.name = f.name
+             WHERE NOT s.paused AND s.armed_at = f.armed_at AND s.next_tick IS NOT DISTINCT FROM f.expected
+             ORDER BY s.name
+               FOR UPDATE OF s) l;
+    -- The ticks to fire, by queue (each queue's are enqueued in one call)
+    -- and in time: those on time, and the missed one when the schedule says
+    -- so; none from before the schedule was armed, nor fired already.
+    WITH moved AS (
+        SELECT f.ord, s.name, s.queue, s.payload, s.armed_at, s.missed, f.missed AS missed_tick
+          FROM unnest(p_names, p_missed) WITH ORDINALITY AS f(name, missed, ord)
+          JOIN unnest(v_moved) AS m(name) ON m.name = f.name
+          JOIN batonq.schedules s ON s.name = f.name
+    ), due AS (
+        SELECT m.name, m.queue, m.payload, m.armed_at, m.missed_tick AS tick, true AS catch_up
+          FROM moved m WHERE m.missed = 'fire-once'
+        UNION ALL
+        SELECT m.name, m.queue, m.payload, m.armed_at, u.tick, false
+          FROM moved m JOIN unnest(p_tick_of, p_ticks) AS u(ord, tick) ON u.ord = m.ord
+    )
+    SELECT array_agg(name ORDER BY queue, tick, name), array_agg(queue ORDER BY queue, tick, name),
+           array_agg(payload ORDER BY queue, tick, name), array_agg(tick ORDER BY queue, tick, name),
+           array_agg(catch_up ORDER BY queue, tick, name)
+      INTO v_names, v_queues, v_payloads, v_ticks, v_catch_up
+      FROM due d
+     WHERE d.tick IS NOT NULL AND d.tick > d.armed_at AND d.tick <= now()
+       AND NOT EXISTS (SELECT FROM batonq.schedule_firings g WHERE g.schedule = d.name AND g.tick = d.tick);
+    FOR v_queue, v_from, v_to IN
+        SELECT q, min(i), max(i) FROM unnest(v_queues) WITH ORDINALITY AS u(q, i) GROUP BY q ORDER BY 2
+    LOOP
+        BEGIN
+            SELECT array_agg(e.task_id ORDER BY e.ord) INTO STRICT v_ids
+              FROM batonq.enqueue_many(v_queue, v_payloads[v_from:v_to]) e;
+        EXCEPTION WHEN SQLSTATE 'BQ001' OR SQLSTATE 'BQ003' OR SQLSTATE 'BQ004' OR SQLSTATE 'BQ010'
+                    OR SQLSTATE 'BQ011' THEN
+            -- The queue refuses a payload (its max_body_bytes was lowered
+            -- since, say): each tick of this queue alone, and a refused one
+            -- is skipped, as if missed, and its schedule goes on (the firer
+            -- logs the warning). An error here would undo the move to the
+            -- next tick, and the schedule would come due again every round.
+            v_ids := '{}';
+            FOR i IN v_from..v_to LOOP
+                BEGIN
+                    v_ids := v_ids || (batonq.enqueue(v_queue, v_payloads[i])).task_id;
+                EXCEPTION WHEN SQLSTATE 'BQ001' OR SQLSTATE 'BQ003' OR SQLSTATE 'BQ004' OR SQLSTATE 'BQ010'
+                            OR SQLSTATE 'BQ011' THEN
+                    RAISE WARNING 'schedule % did not fire its tick of %: %', v_names[i], v_ticks[i], SQLERRM;
+                    v_ids := v_ids || NULL::bigint;
+                END;
+            END LOOP;
+        END;
+        v_tasks := v_tasks || v_ids;
+    END LOOP;
+    INSERT INTO batonq.schedule_firings (schedule, tick, task_id, catch_up)
+    SELECT f.name, f.tick, f.task_id, f.catch_up
+      FROM unnest(v_names, v_ticks, v_tasks, v_catch_up) AS f(name, tick, task_id, catch_up)
+     WHERE f.task_id IS NOT NULL;
+    -- Each schedule moves on, with its newest firing, in one update.
+    UPDATE batonq.schedules s
+       SET next_tick = m.next_tick, last_tick = coalesce(l.tick, s.last_tick),
+           last_task_id = coalesce(l.task_id, s.last_task_id)
+      FROM unnest(v_moved, v_next) AS m(name, next_tick)
+      LEFT JOIN (SELECT DISTINCT ON (f.name) f.name, f.tick, f.task_id
+                   FROM unnest(v_names, v_ticks, v_tasks) AS f(name, tick, task_id)
+                  WHERE f.task_id IS NOT NULL
+                  ORDER BY f.name, f.tick DESC) l ON l.name = m.name
+     WHERE s.name = m.name;
+    -- Firing records are kept a week: long enough to audit, and an old
+    -- tick can never come due again (next_tick only moves forward).
+    DELETE FROM batonq.schedule_firings g USING unnest(v_moved) AS m(name)
+     WHERE g.schedule = m.name AND g.tick < now() - interval '7 days';
+    RETURN (SELECT count(*) FROM unnest(v_tasks) AS t(id) WHERE t.id IS NOT NULL);
+END $$;
+
+-- One schedule's batch (the firer of earlier releases calls this).
 CREATE OR REPLACE FUNCTION batonq.fire_schedule(
     p_name       text,
     p_armed_at   timestamptz,
@@ -3522,53 +3646,12 @@ CREATE OR REPLACE FUNCTION batonq.fire_schedule(
     p_ticks      timestamptz[],
     p_next_tick  timestamptz
 ) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    v_schedule batonq.schedules;
-    v_tick     timestamptz;
-    v_catch_up boolean;
-    v_task     batonq.enqueued;
-    v_fired    integer := 0;
-BEGIN
-    UPDATE batonq.schedules SET next_tick = p_next_tick
-     WHERE name = p_name AND NOT paused AND armed_at = p_armed_at
-       AND next_tick IS NOT DISTINCT FROM p_expected
-    RETURNING * INTO v_schedule;
-    IF NOT FOUND THEN
-        RETURN 0;
-    END IF;
-    FOR v_tick, v_catch_up IN
-        SELECT t.tick, t.catch_up
-          FROM (SELECT p_missed AS tick, true AS catch_up WHERE v_schedule.missed = 'fire-once'
-                UNION ALL
-                SELECT u, false FROM unnest(p_ticks) AS u) t
-         WHERE t.tick IS NOT NULL AND t.tick > v_schedule.armed_at AND t.tick <= now()
-           AND NOT EXISTS (SELECT FROM batonq.schedule_firings f
-                            WHERE f.schedule = p_name AND f.tick = t.tick)
-         ORDER BY t.tick
-    LOOP
-        BEGIN
-            v_task := batonq.enqueue(v_schedule.queue, v_schedule.payload);
-        EXCEPTION WHEN SQLSTATE 'BQ001' OR SQLSTATE 'BQ003' OR SQLSTATE 'BQ004' OR SQLSTATE 'BQ010'
-                    OR SQLSTATE 'BQ011' THEN
-            -- The queue refuses the payload (its max_body_bytes was lowered
-            -- since, say): this tick is skipped, as if missed, and the
-            -- schedule goes on (the firer logs the warning). An error here
-            -- would undo the move to p_next_tick, and the schedule would come
-            -- due again every round, ahead of every other.
-            RAISE WARNING 'schedule % did not fire its tick of %: %', p_name, v_tick, SQLERRM;
-            CONTINUE;
-        END;
-        INSERT INTO batonq.schedule_firings (schedule, tick, task_id, catch_up)
-        VALUES (p_name, v_tick, v_task.task_id, v_catch_up);
-        UPDATE batonq.schedules SET last_tick = v_tick, last_task_id = v_task.task_id WHERE name = p_name;
-        v_fired := v_fired + 1;
-    END LOOP;
-    -- Firing records are kept a week: long enough to audit, and an old
-    -- tick can never come due again (next_tick only moves forward).
-    DELETE FROM batonq.schedule_firings WHERE schedule = p_name AND tick < now() - interval '7 days';
-    RETURN v_fired;
-END $$;
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT batonq.fire_schedules(ARRAY[p_name], ARRAY[p_armed_at], ARRAY[p_expected], ARRAY[p_missed],
+                                 ARRAY[p_next_tick], array_fill(1, ARRAY[coalesce(cardinality(p_ticks), 0)]),
+                                 p_ticks);
+END;
 
 -- The firings of a schedule, newest first.
 CREATE OR REPLACE FUNCTION batonq.list_schedule_firings(p_name text, p_limit integer DEFAULT 50)
@@ -3582,7 +3665,8 @@ END;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION batonq.list_schedules(text[]), batonq.get_schedule(text) TO batonq_reader;
 GRANT EXECUTE ON FUNCTION
-    batonq.due_schedules(integer),
+    batonq.due_schedules(integer, text),
+    batonq.fire_schedules(text[], timestamptz[], timestamptz[], timestamptz[], timestamptz[], integer[], timestamptz[]),
     batonq.fire_schedule(text, timestamptz, timestamptz, timestamptz, timestamptz[], timestamptz)
 TO batonq_worker;
 
@@ -3663,6 +3747,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('aeea41ee13d578630fa06e5a4f8cf1be9b313f1d63bc19d90b26601da1f74c06');
+INSERT INTO batonq.engine (sha256) VALUES ('6f1edd4e9651065bceddebc888cb2b05d7bcc49c26e3eb3bc14034c0215810ba');
 
 COMMIT;
