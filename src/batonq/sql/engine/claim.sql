@@ -1,9 +1,17 @@
 -- batonq engine: claim, lease expiry and the sweep.
 
+-- Statements that find rows by id (id = ANY (...)) test a state as
+-- "NOT IN (the other states)", never as "state = 'x'": the latter would let
+-- the planner read a partial index of that state (the claim index, the
+-- lease index) by queue with the ids as a filter, the whole queue's backlog
+-- on every call; with no statistics (a new database, a bulk load not yet
+-- analyzed) it does. The states are those of batonq.tasks' CHECK.
+
 -- Return the expired leases of one queue: to pending while attempts remain
 -- (keeping the old fencing token, so the old holder may still finish if
 -- nobody claims it first), else to the archive as dead. Every statement names
--- the queue, so it reads one partition's small partial index.
+-- the queue, so it reads one partition; the rows it picked are found again
+-- by the primary key (the state test above).
 CREATE OR REPLACE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -37,7 +45,7 @@ BEGIN
     END IF;
     WITH dead AS (
         DELETE FROM batonq.tasks t
-         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased'
+         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state NOT IN ('waiting', 'held', 'pending')
         RETURNING t
     ), archived AS (
         INSERT INTO batonq.archive
@@ -190,7 +198,9 @@ END $$;
 -- partition, and the ids are picked in a MATERIALIZED CTE and matched with
 -- = ANY(ARRAY(...)), which never over-fetches (a semi-join on a SKIP LOCKED
 -- subquery may be re-evaluated and claim more than asked) and never turns
--- into a hash join over the whole table.
+-- into a hash join over the whole table; the ids are looked up by the
+-- primary key alone (the state test above expire_leases says why), so a
+-- claim reads its batch whether or not the table was ever analyzed.
 CREATE OR REPLACE FUNCTION batonq.claim(
     p_queue     text,
     p_worker    text DEFAULT NULL,
@@ -294,7 +304,7 @@ BEGIN
             claim_key = p_key_id,
             stage = NULL
          WHERE t.queue = p_queue AND t.id = ANY (ARRAY(SELECT id FROM picked) || v_ids)
-           AND t.state = 'pending'
+           AND t.state NOT IN ('waiting', 'held', 'leased')
         RETURNING t.*
     )
     SELECT c.id, c.queue, c.fencing_token,
@@ -320,7 +330,8 @@ BEGIN
         SELECT p_queue, t.group_key,
                v_now + make_interval(secs => count(*) * v_queue.rate_period_s / v_queue.group_rate_limit)
           FROM batonq.tasks t
-         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased' AND t.group_key IS NOT NULL
+         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state NOT IN ('waiting', 'held', 'pending')
+           AND t.group_key IS NOT NULL
          GROUP BY t.group_key
         ON CONFLICT (queue, group_key) DO UPDATE SET
             full_at = excluded.full_at + greatest(b.full_at - v_now, interval '0');
