@@ -146,3 +146,47 @@ def test_limited_claims_read_their_batch_on_a_deep_backlog(
     if analyzed:
         sql.execute("ANALYZE batonq.tasks")
     exercise(admin_dsn, sql)
+
+
+FULL_GROUPS = 10_000
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed"])
+def test_a_claim_past_many_full_groups_reads_the_tasks_ahead_once(
+    analyzed: bool, admin: batonq.Client, admin_dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """group_max_leased 1 and 10,000 full groups, each with a lease and a
+    task waiting ahead of another group's: the claim takes the other
+    group's task reading the tasks ahead once, by the claim index, and the
+    full groups' counts by key, never counting the queue's leases."""
+    admin.configure_queue(Q, group_max_leased=1)
+    sql.execute(
+        """INSERT INTO batonq.tasks (id, queue, state, run_at, payload, max_attempts, root_id, group_key,
+                                     attempts, fencing_token, lease_secret, lease_expires_at)
+           SELECT g.n, %s, 'leased', now() - interval '1 hour', '{}', 3, g.n, 'full-' || g.i,
+                  1, g.n, gen_random_uuid(), now() + interval '1 hour'
+             FROM (SELECT i, nextval('batonq.task_id_seq') AS n FROM generate_series(1, %s) i) g""",
+        (Q, FULL_GROUPS),
+    )
+    sql.execute(
+        """INSERT INTO batonq.tasks (id, queue, state, run_at, payload, max_attempts, root_id, group_key)
+           SELECT g.n, %s, 'pending', now() - interval '1 hour' + g.i * interval '1 ms', '{}', 3, g.n,
+                  CASE WHEN g.i <= %s THEN 'full-' || g.i ELSE 'free-' || g.i END
+             FROM (SELECT i, nextval('batonq.task_id_seq') AS n FROM generate_series(1, %s) i) g""",
+        (Q, FULL_GROUPS, FULL_GROUPS + 3),
+    )
+    if analyzed:
+        sql.execute("ANALYZE batonq.tasks")
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        assert [g for (g,) in conn.execute("""SELECT "group" FROM batonq.claim(%s)""", (Q,))] == [
+            f"free-{FULL_GROUPS + 1}"
+        ]
+        claimed: list[str] = []
+
+        def claim() -> None:
+            claimed.extend(g for (g,) in conn.execute("""SELECT "group" FROM batonq.claim(%s)""", (Q,)))
+
+        read, lines = read_per_call(conn, claim)
+        assert claimed == [f"free-{FULL_GROUPS + 2}"]
+        assert read <= FULL_GROUPS + 20, f"read {read} rows:\n" + "\n".join(lines)
