@@ -175,3 +175,34 @@ def test_stop_cancels_a_statement_that_runs_long(
         assert not thread.is_alive(), "the sweeper's thread still runs"
         assert took < 5, f"stop() took {took:.1f} s"
         blocker.rollback()
+
+
+def test_a_sweeper_that_owns_the_tables_analyzes_a_hot_partition_after_a_bulk_load(
+    admin_dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """1,500 tasks loaded and never analyzed: the owner's sweeper analyzes
+    their partition once it changed by analyze_changed rows, and not again
+    until it changes as much again."""
+    queue = "bulk:queue"
+    sql.execute("SELECT batonq.enqueue_many(%s, array_fill('{}'::jsonb, ARRAY[1500]))", (queue,))
+    sql.execute("SELECT pg_stat_force_next_flush()")
+
+    def analyzed() -> int:
+        row = sql.execute(
+            """SELECT analyze_count FROM pg_stat_user_tables
+                WHERE relid = (SELECT tableoid FROM batonq.tasks WHERE queue = %s LIMIT 1)""",
+            (queue,),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert analyzed() == 0
+    sweeper = batonq.Sweeper(admin_dsn, interval_s=0.1, vacuum_dead=0, analyze_changed=1000)
+    sweeper.start()
+    try:
+        wait_for(lambda: sweeper.analyzes, timeout=10, what="an analyze")
+        wait_for(lambda: analyzed() == 1, timeout=15, what="the stats")
+        time.sleep(0.5)  # several ticks: nothing changed since
+        assert sweeper.analyzes == 1
+    finally:
+        sweeper.stop()
