@@ -30,13 +30,14 @@ _MAY_VACUUM = "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = '
 # vacuum (it owns them, or is a superuser): VACUUM cannot run in a function.
 # Read every tick, so it asks the statistics for the hot table's partitions
 # alone (pg_stat_user_tables builds a row for every table of the database,
-# the archive's partitions included).
+# the archive's partitions included), and for the group lease deltas, which
+# every grouped claim and complete adds and the claims delete.
 _VACUUM_DUE = """
 SELECT format('%%I.%%I', n.nspname, c.relname)
-  FROM pg_inherits i
-  JOIN pg_class c ON c.oid = i.inhrelid
+  FROM pg_class c
   JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE i.inhparent = 'batonq.tasks'::regclass
+ WHERE (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'batonq.tasks'::regclass)
+        OR c.oid = 'batonq.group_lease_deltas'::regclass)
    AND pg_stat_get_dead_tuples(c.oid) >= %s
    AND pg_has_role(c.relowner, 'USAGE')
 """

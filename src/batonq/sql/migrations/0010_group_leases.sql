@@ -27,6 +27,9 @@ CREATE INDEX group_lease_deltas_queue_idx ON batonq.group_lease_deltas (queue);
 
 -- The leases held now. (The trigger that keeps the counts is made by
 -- engine/claim.sql; migrations and the engine apply in one transaction.)
+-- The lock keeps leases from starting or ending between this count and
+-- the trigger's making, until the migration commits.
+LOCK TABLE batonq.tasks IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO batonq.group_leases (queue, group_key, leased)
 SELECT queue, group_key, count(*) FROM batonq.tasks
  WHERE state = 'leased' AND group_key IS NOT NULL
