@@ -26,14 +26,18 @@ CREATE TABLE batonq.group_lease_deltas (
 CREATE INDEX group_lease_deltas_queue_idx ON batonq.group_lease_deltas (queue);
 
 -- The leases held now. (The trigger that keeps the counts is made by
--- engine/claim.sql; migrations and the engine apply in one transaction.)
--- The lock keeps leases from starting or ending between this count and
--- the trigger's making, until the migration commits.
-LOCK TABLE batonq.tasks IN SHARE ROW EXCLUSIVE MODE;
-INSERT INTO batonq.group_leases (queue, group_key, leased)
-SELECT queue, group_key, count(*) FROM batonq.tasks
- WHERE state = 'leased' AND group_key IS NOT NULL
- GROUP BY queue, group_key;
+-- engine/claim.sql; batonq migrate applies the migrations and the engine in
+-- one transaction, and the lock keeps leases from starting or ending
+-- between this count and the trigger's making until it commits. A block:
+-- psql applying this file alone runs it outside a transaction.)
+DO $$
+BEGIN
+    LOCK TABLE batonq.tasks IN SHARE ROW EXCLUSIVE MODE;
+    INSERT INTO batonq.group_leases (queue, group_key, leased)
+    SELECT queue, group_key, count(*) FROM batonq.tasks
+     WHERE state = 'leased' AND group_key IS NOT NULL
+     GROUP BY queue, group_key;
+END $$;
 
 -- New tables grant nothing to PUBLIC: only the engine's functions touch them.
 
