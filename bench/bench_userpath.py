@@ -2,16 +2,26 @@
 """The worker as a user runs it: batonq's CLI against PgQueuer and the raw
 claim/complete loop, wall clock from start to exit.
 
-Per run, each setting in turn (the settings alternate, so a noisy machine
-hurts them alike, and each run starts one setting later than the last),
-N tasks (default 100,000):
+Two cases, each with every setting, the new database first:
+
+- **new database**: each step in a database made for it just before (batonq
+  migrated, PgQueuer installed, the raw loop's table made), and no
+  ``VACUUM ANALYZE`` for any system after its load: what a new user sees
+  when a first bulk load is drained at once, before autovacuum has run (or
+  with it off);
+- **analyzed**: the tables emptied, loaded, then ``VACUUM ANALYZE`` before
+  the worker starts.
+
+Per run and case, each setting in turn (the settings alternate, so a noisy
+machine hurts them alike, and each run starts one setting later than the
+last), N tasks (default 100,000):
 
 - **batonq**: ``batonq enqueue bench:workers --no-keys --from tasks.jsonl``
-  (N lines of ``{"payload": {"n": i}}``), ``VACUUM ANALYZE``, then ``batonq
+  (N lines of ``{"payload": {"n": i}}``), ``VACUUM ANALYZE`` (analyzed case), then ``batonq
   worker batonq_noop:app --burst --concurrency 200`` (an ``async`` no-op
   handler, ``bench/peers/batonq_noop.py``) with the default log level, its
   stderr to a file as a terminal or a log collector would take it;
-- **PgQueuer** 1.6: N jobs through its client, ``VACUUM ANALYZE``, then its
+- **PgQueuer** 1.6: N jobs through its client, ``VACUUM ANALYZE`` (analyzed case), then its
   worker in drain mode (``bench/peers/pgqueuer_noop.py work BATCH
   MANAGERS``: MANAGERS queue managers in one process, each on its own
   connection; by default batch 100 and batch 1000, 5 managers each, the
@@ -34,7 +44,7 @@ Usage::
 
 Results go to ``bench/results/userpath-<timestamp>.json``; a table gives the
 median, min-max and each setting's ratio to PgQueuer's and the raw loop's
-medians.
+medians in the same case.
 """
 
 from __future__ import annotations
@@ -58,8 +68,11 @@ from typing import Any
 
 import psycopg
 from bench_workers import PEERS_DIR, PgQueuer, _with_db
+from psycopg.conninfo import conninfo_to_dict
 
+import batonq
 from batonq.benchmark import Baseline, Batonq, batonq_source, machine_info, postgres_info, scratch_database
+from batonq.benchmark.targets import BASELINE_SCHEMA
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -67,6 +80,7 @@ DEFAULT_DSN = os.environ.get("BATONQ_BENCH_DSN", "postgresql://postgres@127.0.0.
 QUEUE = "bench:workers"  # batonq_noop's
 DEFAULT_BATONQ = ("", "--log-level warning", "--processes 2")
 DEFAULT_PGQUEUER = ("100x5", "1000x5")
+CASES = ("new database", "analyzed")  # in this order, every run
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,11 @@ class Setting:
     system: str  # batonq, pgqueuer, raw
     label: str
     args: tuple[str, ...] = ()
+    case: str = CASES[0]
+
+    @property
+    def name(self) -> str:
+        return f"{self.case}: {self.label}"
 
 
 def _children_cpu() -> float:
@@ -157,6 +176,25 @@ class Bench:
         with self.jsonl.open("w") as out:
             out.writelines(f'{{"payload": {{"n": {i}}}}}\n' for i in range(self.n))
 
+    def _new_database(self, dsn: str) -> None:
+        """Drop and make ``dsn``'s database again: no statistics left."""
+        name = conninfo_to_dict(dsn)["dbname"]
+        with psycopg.connect(self.args.dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{name}"')
+
+    def fresh(self, system: str) -> None:
+        """A new database for the step of ``system`` (the new-database case)."""
+        if system == "pgqueuer":
+            assert self.pgq is not None
+            self._new_database(self.pgq.dsn)
+            self.pgq.install()
+            return
+        self._new_database(self.dsn)
+        batonq.migrate(self.dsn)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(BASELINE_SCHEMA)
+
     def _one(self, sql: str) -> int:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             row = conn.execute(sql).fetchone()
@@ -174,8 +212,9 @@ class Bench:
             self.work / "enqueue.log",
             self.args.deadline,
         )
-        with psycopg.connect(self.dsn, autocommit=True) as admin:
-            target.vacuum(admin)
+        if setting.case == "analyzed":
+            with psycopg.connect(self.dsn, autocommit=True) as admin:
+                target.vacuum(admin)
         log = self.work / "batonq.log"
         cmd = [
             *cli,
@@ -201,8 +240,9 @@ class Bench:
     def pgqueuer(self, setting: Setting) -> dict[str, Any]:
         assert self.pgq is not None
         self.pgq.enqueue(self.n, 1000)
-        with psycopg.connect(self.pgq.dsn, autocommit=True) as admin:
-            admin.execute("VACUUM (ANALYZE) pgqueuer")
+        if setting.case == "analyzed":
+            with psycopg.connect(self.pgq.dsn, autocommit=True) as admin:
+                admin.execute("VACUUM (ANALYZE) pgqueuer")
         cmd = [self.pgq.python(), "pgqueuer_noop.py", "work", *setting.args]
         took, cpu, server = _timed(
             cmd, self.pgq.env, self.work / "pgqueuer.log", self.args.deadline, self.pgq.dsn
@@ -218,7 +258,8 @@ class Bench:
         with psycopg.connect(self.dsn, autocommit=True) as admin:
             target.reset(admin)
             target.preload(admin, self.n)
-            target.vacuum(admin)
+            if setting.case == "analyzed":
+                target.vacuum(admin)
         cmd = [sys.executable, "raw_loop.py", *setting.args]
         took, cpu, server = _timed(cmd, self.env, self.work / "raw.log", self.args.deadline, self.dsn)
         done = self._one("SELECT count(*) FROM public.bench_tasks WHERE state = 'done'")
@@ -236,7 +277,7 @@ def settings(args: argparse.Namespace, peers: bool) -> list[Setting]:
                 Setting("pgqueuer", f"pgqueuer batch {batch}, {managers} managers", (batch, managers))
             )
     found.append(Setting("raw", "raw loop, batch 100", ("100",)))
-    return found
+    return [Setting(s.system, s.label, s.args, case) for case in CASES for s in found]
 
 
 def _stats(values: list[float]) -> dict[str, float]:
@@ -248,7 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     skipped = {} if args.no_peers else ({"pgqueuer": why} if (why := pgq.available()) else {})
     peers = not args.no_peers and not skipped
     chosen = settings(args, peers)
-    runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in chosen}
+    runs: dict[str, list[dict[str, Any]]] = {s.name: [] for s in chosen}
     pgq_db = f"batonq_bench_userpath_pgq_{os.getpid()}"
     with scratch_database(args.dsn) as dsn, tempfile.TemporaryDirectory() as work:
         try:
@@ -262,23 +303,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with psycopg.connect(dsn) as conn:
                 server = postgres_info(conn)
             for number in range(args.runs):
-                # Each round starts one setting later: none always runs first
-                # (after the database was made) or right after the same one.
-                turn = number % len(chosen)
-                for setting in chosen[turn:] + chosen[:turn]:
-                    result = getattr(bench, setting.system)(setting)
-                    result["per_s"] = args.tasks / result["seconds"]
-                    result["cpu_us_per_task"] = result["cpu_s"] / args.tasks * 1e6
-                    server_s = result["server_cpu_s"]
-                    result["server_cpu_us_per_task"] = server_s / args.tasks * 1e6 if server_s else None
-                    runs[setting.label].append(result)
-                    print(
-                        f"run {number + 1}/{args.runs} {setting.label:<36} {result['per_s']:>9,.0f} tasks/s"
-                        f"  CPU µs/task: worker {result['cpu_us_per_task']:>5.1f}"
-                        f", server {result['server_cpu_us_per_task'] or 0:>5.1f}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                for case in CASES:
+                    # Each round starts one setting later: none always runs
+                    # first or right after the same one.
+                    these = [s for s in chosen if s.case == case]
+                    turn = number % len(these)
+                    for setting in these[turn:] + these[:turn]:
+                        if case == "new database":
+                            bench.fresh(setting.system)
+                        result = getattr(bench, setting.system)(setting)
+                        result["per_s"] = args.tasks / result["seconds"]
+                        result["cpu_us_per_task"] = result["cpu_s"] / args.tasks * 1e6
+                        server_s = result["server_cpu_s"]
+                        result["server_cpu_us_per_task"] = server_s / args.tasks * 1e6 if server_s else None
+                        runs[setting.name].append(result)
+                        print(
+                            f"run {number + 1}/{args.runs} {setting.name:<52}"
+                            f" {result['per_s']:>9,.0f} tasks/s"
+                            f"  CPU µs/task: worker {result['cpu_us_per_task']:>5.1f}"
+                            f", server {result['server_cpu_us_per_task'] or 0:>5.1f}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
         finally:
             if peers:
                 with psycopg.connect(args.dsn, autocommit=True) as admin:
@@ -310,19 +356,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def ratios(summary: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Each batonq setting's median over the best PgQueuer setting's and the
-    raw loop's medians."""
-    median = {label: s["per_s"]["median"] for label, s in summary.items()}
-    peers = [v for label, v in median.items() if label.startswith("pgqueuer")]
-    raw = [v for label, v in median.items() if label.startswith("raw")]
+    raw loop's medians of the same case."""
     found: dict[str, dict[str, float]] = {}
-    for label, value in median.items():
-        if not label.startswith("batonq"):
-            continue
-        found[label] = {}
-        if peers:
-            found[label]["pgqueuer"] = value / max(peers)
-        if raw:
-            found[label]["raw"] = value / raw[0]
+    for case in CASES:
+        median = {
+            label.removeprefix(f"{case}: "): s["per_s"]["median"]
+            for label, s in summary.items()
+            if label.startswith(f"{case}: ")
+        }
+        peers = [v for label, v in median.items() if label.startswith("pgqueuer")]
+        raw = [v for label, v in median.items() if label.startswith("raw")]
+        for label, value in median.items():
+            if not label.startswith("batonq"):
+                continue
+            mine = found[f"{case}: {label}"] = {}
+            if peers:
+                mine["pgqueuer"] = value / max(peers)
+            if raw:
+                mine["raw"] = value / raw[0]
     return found
 
 
@@ -331,7 +382,7 @@ def print_table(report: dict[str, Any]) -> None:
         "\ntasks/s, spawn to exit (median [min-max]); CPU µs per task: the worker's process(es), the server's"
     )
     print(
-        f"| {'setting':<36} | {'tasks/s':>8} | {'min-max':>15} | {'worker µs':>9} | {'server µs':>9}"
+        f"| {'setting':<52} | {'tasks/s':>8} | {'min-max':>15} | {'worker µs':>9} | {'server µs':>9}"
         f" | {'/ PgQueuer':>10} | {'/ raw':>5} |"
     )
     for label, s in report["summary"].items():
@@ -339,7 +390,7 @@ def print_table(report: dict[str, Any]) -> None:
         cells = [f"{r[k]:.2f}" if k in r else "" for k in ("pgqueuer", "raw")]
         server = f"{s['server_cpu_us_per_task']['median']:.1f}" if s["server_cpu_us_per_task"] else "n/a"
         print(
-            f"| {label:<36} | {s['per_s']['median']:>8,.0f}"
+            f"| {label:<52} | {s['per_s']['median']:>8,.0f}"
             f" | {s['per_s']['min']:>6,.0f}-{s['per_s']['max']:<8,.0f}"
             f" | {s['cpu_us_per_task']['median']:>9.1f} | {server:>9} | {cells[0]:>10} | {cells[1]:>5} |"
         )

@@ -1,6 +1,7 @@
 """The sweeper: expires leases in queues nobody is claiming from, fires
 cron schedules, keeps the archive's partitions and retention, and vacuums
-the hot table's partitions as their dead row versions pile up. Any process
+and analyzes the hot table's partitions as their dead row versions and
+changes pile up. Any process
 may run one; an advisory lock elects a single leader, and the others stand
 by to take over."""
 
@@ -31,14 +32,30 @@ _MAY_VACUUM = "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = '
 # vacuum (it owns them, or is a superuser): VACUUM cannot run in a function.
 # Read every tick, so it asks the statistics for the hot table's partitions
 # alone (pg_stat_user_tables builds a row for every table of the database,
-# the archive's partitions included).
+# the archive's partitions included), and for the group lease deltas, which
+# every grouped claim and complete adds and the claims delete.
 _VACUUM_DUE = """
+SELECT format('%%I.%%I', n.nspname, c.relname)
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'batonq.tasks'::regclass)
+        OR c.oid = 'batonq.group_lease_deltas'::regclass)
+   AND pg_stat_get_dead_tuples(c.oid) >= %s
+   AND pg_has_role(c.relowner, 'USAGE')
+"""
+
+# The hot partitions changed by at least %s rows since they were last
+# analyzed (or ever, when never), that this role may analyze. The engine's
+# hot statements read their batch without statistics; listings and the
+# operator's reads plan better with them, and autovacuum may be off or not
+# have run yet after a bulk load.
+_ANALYZE_DUE = """
 SELECT format('%%I.%%I', n.nspname, c.relname)
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid
   JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE i.inhparent = 'batonq.tasks'::regclass
-   AND pg_stat_get_dead_tuples(c.oid) >= %s
+   AND pg_stat_get_mod_since_analyze(c.oid) >= %s
    AND pg_has_role(c.relowner, 'USAGE')
 """
 
@@ -84,9 +101,10 @@ class Sweeper:
     ``interval_s`` seconds and ``batonq.maintain()`` every
     ``maintain_every_s``, while leader; and, every ``interval_s``,
     VACUUMs each partition of the hot table that holds ``vacuum_dead`` dead
-    row versions or more (0: never), when its role owns the tables and no
-    other such sweeper does it (a lock of its own: the leader may be a
-    sweeper whose role owns nothing).
+    row versions or more (0: never), and ANALYZEs each one changed by
+    ``analyze_changed`` rows or more since it was last analyzed (0: never),
+    when its role owns the tables and no other such sweeper does it (a lock
+    of its own: the leader may be a sweeper whose role owns nothing).
 
     Every claim moves a row out of the claim index and every complete
     deletes one, so a busy queue leaves about two dead row versions per
@@ -107,12 +125,14 @@ class Sweeper:
         interval_s: float = 1.0,
         maintain_every_s: float = 60.0,
         vacuum_dead: int = 20_000,
+        analyze_changed: int = 50_000,
         schedule_grace_s: float | None = None,
     ) -> None:
         self._dsn = dsn
         self.interval_s = interval_s
         self.maintain_every_s = maintain_every_s
         self.vacuum_dead = vacuum_dead
+        self.analyze_changed = analyze_changed
         self.schedule_grace_s = max(2.0, 2 * interval_s) if schedule_grace_s is None else schedule_grace_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,6 +141,7 @@ class Sweeper:
         self.vacuums_here = False  # holds the vacuum duty
         self.swept = 0
         self.vacuums = 0
+        self.analyzes = 0
         self.fired = 0
         self._unreadable: set[str] = set()  # schedules warned of as unreadable
 
@@ -164,7 +185,8 @@ class Sweeper:
 
     def _lead(self, conn: psycopg.Connection) -> None:
         next_maintain = 0.0
-        row = conn.execute(_MAY_VACUUM).fetchone() if self.vacuum_dead > 0 else None
+        maintains = self.vacuum_dead > 0 or self.analyze_changed > 0
+        row = conn.execute(_MAY_VACUUM).fetchone() if maintains else None
         may_vacuum = bool(row and row[0])
         while not self._stop.is_set():
             if not self.is_leader:
@@ -237,7 +259,12 @@ class Sweeper:
                     log.warning("schedule %s did not fire (%s)", one[0], error)
 
     def _vacuum(self, conn: psycopg.Connection) -> None:
-        for (table,) in conn.execute(_VACUUM_DUE, (self.vacuum_dead,)).fetchall():
-            # SKIP_LOCKED: a partition some DDL holds is left for the next round.
-            conn.execute(f"VACUUM (SKIP_LOCKED) {table}")
-            self.vacuums += 1
+        if self.vacuum_dead > 0:
+            for (table,) in conn.execute(_VACUUM_DUE, (self.vacuum_dead,)).fetchall():
+                # SKIP_LOCKED: a partition some DDL holds is left for the next round.
+                conn.execute(f"VACUUM (SKIP_LOCKED) {table}")
+                self.vacuums += 1
+        if self.analyze_changed > 0:
+            for (table,) in conn.execute(_ANALYZE_DUE, (self.analyze_changed,)).fetchall():
+                conn.execute(f"ANALYZE (SKIP_LOCKED) {table}")
+                self.analyzes += 1

@@ -241,7 +241,7 @@ def test_claims_with_limits_stay_in_one_partition_by_index(
     crowded: str, admin: batonq.Client, admin_dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
     """Every limit on (none of them reached): the claim also counts the
-    queue's leases, per group too, reads the groups' rate buckets, walks the
+    queue's leases, reads the groups' lease counts and rate buckets, walks the
     claim index past full groups and takes the groups' tokens; all of it by
     index in the queue's partition, reading about as much as the claim
     without limits."""
@@ -255,7 +255,7 @@ def test_claims_with_limits_stay_in_one_partition_by_index(
             claim_plans, complete_plans = measure(conn, sql, max_tasks)
 
         texts = "\n".join(text for text, _ in claim_plans)
-        assert "state = 'leased'" in texts and "group_key <> ALL" in texts and "rate_buckets" in texts
+        assert "state = 'leased'" in texts and "group_leases" in texts and "rate_buckets" in texts
         assert "group_rate_buckets" in texts
         check_plans(claim_plans, crowded, max_rows=12 * max_tasks + 20)
         assert pruned_at_run_time(claim_plans)

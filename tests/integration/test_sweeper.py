@@ -175,3 +175,66 @@ def test_stop_cancels_a_statement_that_runs_long(
         assert not thread.is_alive(), "the sweeper's thread still runs"
         assert took < 5, f"stop() took {took:.1f} s"
         blocker.rollback()
+
+
+def test_a_sweeper_that_owns_the_tables_analyzes_a_hot_partition_after_a_bulk_load(
+    admin_dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """1,500 tasks loaded and never analyzed: the owner's sweeper analyzes
+    their partition once it changed by analyze_changed rows, and not again
+    until it changes as much again."""
+    queue = "bulk:queue"
+    sql.execute("SELECT batonq.enqueue_many(%s, array_fill('{}'::jsonb, ARRAY[1500]))", (queue,))
+    sql.execute("SELECT pg_stat_force_next_flush()")
+
+    def analyzed() -> int:
+        row = sql.execute(
+            """SELECT analyze_count FROM pg_stat_user_tables
+                WHERE relid = (SELECT tableoid FROM batonq.tasks WHERE queue = %s LIMIT 1)""",
+            (queue,),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert analyzed() == 0
+    sweeper = batonq.Sweeper(admin_dsn, interval_s=0.1, vacuum_dead=0, analyze_changed=1000)
+    sweeper.start()
+    try:
+        wait_for(lambda: sweeper.analyzes, timeout=10, what="an analyze")
+        wait_for(lambda: analyzed() == 1, timeout=15, what="the stats")
+        time.sleep(0.5)  # several ticks: nothing changed since
+        assert sweeper.analyzes == 1
+    finally:
+        sweeper.stop()
+
+
+def test_a_sweeper_that_owns_the_tables_vacuums_the_group_lease_deltas(
+    admin_dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """600 grouped tasks claimed and completed leave 1,200 delta rows; the
+    sweep folds them into the counts, and the vacuum removes what is left."""
+    queue = "grouped:queue"
+    sql.execute(
+        "SELECT batonq.enqueue_many(%s, array_fill('{}'::jsonb, ARRAY[600]),"
+        " p_groups => ARRAY(SELECT 'g' || (i %% 7) FROM generate_series(1, 600) i))",
+        (queue,),
+    )
+    tokens = [t for (t,) in sql.execute("SELECT lease_token FROM batonq.claim(%s, 'w', 600)", (queue,))]
+    sql.execute("SELECT count(*) FROM batonq.complete_many(%s)", (tokens,))
+
+    def vacuumed() -> int:
+        row = sql.execute(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'batonq.group_lease_deltas'::regclass"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    assert vacuumed() == 0
+    sweeper = batonq.Sweeper(admin_dsn, interval_s=0.1, vacuum_dead=1000, analyze_changed=0)
+    sweeper.start()
+    try:
+        wait_for(lambda: vacuumed() > 0, timeout=15, what="a vacuum of the deltas")
+    finally:
+        sweeper.stop()
+    assert sql.execute("SELECT count(*) FROM batonq.group_lease_deltas").fetchone() == (0,)
+    assert sql.execute("SELECT count(*) FROM batonq.group_leases").fetchone() == (0,)
