@@ -581,6 +581,52 @@ DROP FUNCTION IF EXISTS batonq.due_schedules(integer);
 
 INSERT INTO batonq.migrations (version, name) VALUES (8, 'due_pages');
 
+-- migrations/0010_group_leases.sql
+-- batonq 0010: the leases each group holds, kept as they change, so a
+-- group-limited claim looks a group's count up by key instead of counting
+-- the queue's leases (engine/claim.sql: _pick_in_groups).
+--
+-- A change of a grouped task into or out of 'leased' adds a row of
+-- batonq.group_lease_deltas (a trigger, engine/claim.sql: every path that
+-- leases or ends a lease counts, whatever function it is in). Only inserts:
+-- concurrent completes never wait on one another for a count. Whoever holds
+-- a queue's limits lock (its claims; the sweep) folds the queue's deltas
+-- into batonq.group_leases, so that table has one writer per queue and its
+-- counts are exact under the lock.
+
+CREATE TABLE batonq.group_leases (
+    queue      text NOT NULL,
+    group_key  text NOT NULL,
+    leased     integer NOT NULL,
+    PRIMARY KEY (queue, group_key)
+);
+
+CREATE TABLE batonq.group_lease_deltas (
+    queue      text NOT NULL,
+    group_key  text NOT NULL,
+    n          integer NOT NULL
+);
+
+CREATE INDEX group_lease_deltas_queue_idx ON batonq.group_lease_deltas (queue);
+
+-- The leases held now. (The trigger that keeps the counts is made by
+-- engine/claim.sql; batonq migrate applies the migrations and the engine in
+-- one transaction, and the lock keeps leases from starting or ending
+-- between this count and the trigger's making until it commits. A block:
+-- psql applying this file alone runs it outside a transaction.)
+DO $$
+BEGIN
+    LOCK TABLE batonq.tasks IN SHARE ROW EXCLUSIVE MODE;
+    INSERT INTO batonq.group_leases (queue, group_key, leased)
+    SELECT queue, group_key, count(*) FROM batonq.tasks
+     WHERE state = 'leased' AND group_key IS NOT NULL
+     GROUP BY queue, group_key;
+END $$;
+
+-- New tables grant nothing to PUBLIC: only the engine's functions touch them.
+
+INSERT INTO batonq.migrations (version, name) VALUES (10, 'group_leases');
+
 -- migrations/0011_row_security.sql
 -- Row level security on every batonq table, with no policy: a role that
 -- is granted a table anyway (a REST layer's anon or authenticated roles,
@@ -1266,10 +1312,18 @@ TO batonq_worker;
 -- engine/claim.sql
 -- batonq engine: claim, lease expiry and the sweep.
 
+-- Statements that find rows by id (id = ANY (...)) test a state as
+-- "NOT IN (the other states)", never as "state = 'x'": the latter would let
+-- the planner read a partial index of that state (the claim index, the
+-- lease index) by queue with the ids as a filter, the whole queue's backlog
+-- on every call; with no statistics (a new database, a bulk load not yet
+-- analyzed) it does. The states are those of batonq.tasks' CHECK.
+
 -- Return the expired leases of one queue: to pending while attempts remain
 -- (keeping the old fencing token, so the old holder may still finish if
 -- nobody claims it first), else to the archive as dead. Every statement names
--- the queue, so it reads one partition's small partial index.
+-- the queue, so it reads one partition; the rows it picked are found again
+-- by the primary key (the state test above).
 CREATE OR REPLACE FUNCTION batonq.expire_leases(p_queue text, p_limit integer DEFAULT 1000) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -1303,7 +1357,7 @@ BEGIN
     END IF;
     WITH dead AS (
         DELETE FROM batonq.tasks t
-         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased'
+         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state NOT IN ('waiting', 'held', 'pending')
         RETURNING t
     ), archived AS (
         INSERT INTO batonq.archive
@@ -1342,12 +1396,13 @@ BEGIN
         RETURN true;
     END IF;
     PERFORM batonq._limits_lock(p_queue);
+    PERFORM batonq._fold_group_leases(p_queue);
     RETURN (v_queue.max_leased IS NULL
             OR (SELECT count(*) FROM batonq.tasks
                  WHERE queue = p_queue AND state = 'leased') < v_queue.max_leased)
        AND (v_queue.group_max_leased IS NULL OR p_group IS NULL
-            OR (SELECT count(*) FROM batonq.tasks
-                 WHERE queue = p_queue AND state = 'leased' AND group_key = p_group)
+            OR coalesce((SELECT g.leased FROM batonq.group_leases g
+                          WHERE g.queue = p_queue AND g.group_key = p_group), 0)
                < v_queue.group_max_leased);
 END $$;
 
@@ -1373,62 +1428,122 @@ CREATE OR REPLACE FUNCTION batonq._bucket_tokens(
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN least(p_limit, p_tokens + greatest(extract(epoch FROM p_now - p_at), 0) * p_limit / p_period_s);
 
+-- Keeps batonq.group_leases (migrations/0010): a grouped task that becomes
+-- leased or stops being leased (claim, heartbeat taking up a lapsed lease,
+-- complete, fail, release, expiry, cancel, whatever the path) adds a delta
+-- row. Row triggers whose WHEN skips every other change, so tasks without a
+-- group, and heartbeats, pay nothing.
+CREATE OR REPLACE FUNCTION batonq._count_group_lease() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.state = 'leased' AND OLD.group_key IS NOT NULL THEN
+        INSERT INTO batonq.group_lease_deltas (queue, group_key, n) VALUES (OLD.queue, OLD.group_key, -1);
+    END IF;
+    IF TG_OP IN ('UPDATE', 'INSERT') AND NEW.state = 'leased' AND NEW.group_key IS NOT NULL THEN
+        INSERT INTO batonq.group_lease_deltas (queue, group_key, n) VALUES (NEW.queue, NEW.group_key, 1);
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE TRIGGER tasks_group_lease_insert AFTER INSERT ON batonq.tasks
+    FOR EACH ROW WHEN (NEW.state = 'leased' AND NEW.group_key IS NOT NULL)
+    EXECUTE FUNCTION batonq._count_group_lease();
+
+CREATE OR REPLACE TRIGGER tasks_group_lease_update AFTER UPDATE ON batonq.tasks
+    FOR EACH ROW WHEN ((OLD.state = 'leased' AND OLD.group_key IS NOT NULL
+                        OR NEW.state = 'leased' AND NEW.group_key IS NOT NULL)
+                       AND (OLD.state IS DISTINCT FROM NEW.state OR OLD.group_key IS DISTINCT FROM NEW.group_key
+                            OR OLD.queue IS DISTINCT FROM NEW.queue))
+    EXECUTE FUNCTION batonq._count_group_lease();
+
+CREATE OR REPLACE TRIGGER tasks_group_lease_delete AFTER DELETE ON batonq.tasks
+    FOR EACH ROW WHEN (OLD.state = 'leased' AND OLD.group_key IS NOT NULL)
+    EXECUTE FUNCTION batonq._count_group_lease();
+
+-- Fold p_queue's delta rows into batonq.group_leases: called holding the
+-- queue's limits lock, so the counts are exact for its holder (every lease
+-- taken or ended before is committed and its delta visible). Reads the
+-- deltas since the last fold, about the leases taken and ended since.
+CREATE OR REPLACE FUNCTION batonq._fold_group_leases(p_queue text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_emptied text[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM batonq.group_lease_deltas d WHERE d.queue = p_queue RETURNING d.group_key, d.n
+    ), folded AS (
+        -- In group order, as every fold: two folds wait on each other in
+        -- the same order.
+        INSERT INTO batonq.group_leases AS g (queue, group_key, leased)
+        SELECT p_queue, gone.group_key, sum(gone.n) FROM gone GROUP BY gone.group_key ORDER BY gone.group_key
+        ON CONFLICT (queue, group_key) DO UPDATE SET leased = g.leased + excluded.leased
+        RETURNING g.group_key, g.leased
+    )
+    SELECT array_agg(f.group_key) INTO v_emptied FROM folded f WHERE f.leased = 0;
+    IF v_emptied IS NOT NULL THEN
+        DELETE FROM batonq.group_leases g
+         WHERE g.queue = p_queue AND g.group_key = ANY (v_emptied) AND g.leased = 0;
+    END IF;
+END $$;
+
 -- The ids a group-limited claim takes, up to p_n: in claim order, skipping
 -- the tasks of groups that are full (group_max_leased: with their leases
 -- and the tasks taken before in this claim) or out of tokens
 -- (group_rate_limit: a token per task taken), so one busy group does not
 -- hold the others back. Tasks without a group count against the queue's
 -- limits only. The caller holds the queue's limits lock (and takes the
--- tokens once it has leased). It reads the queue's leases per group, its
--- empty rate buckets (by index: not the groups with tokens left), and the
--- bucket of each other group it meets; the walk reads the claim index and
--- stops once it has p_n (a cursor fetches as it goes), but reads past the
--- tasks of full groups that come first.
+-- tokens once it has leased). The walk reads the claim index in order and,
+-- skips the tasks of full groups by a hash of the queue's full groups
+-- (their rows in batonq.group_leases, by key), so a task read costs a hash
+-- probe; each other grouped task's lease count and rate bucket are read by
+-- key (scalar subqueries: a join could read every group's row). It stops
+-- once it has p_n (a cursor fetches as it goes), but reads past the tasks
+-- of full groups that come first. work_mem: the hash must fit, or the
+-- planner probes the full groups once per task read.
 CREATE OR REPLACE FUNCTION batonq._pick_in_groups(p_queue batonq.queues, p_n integer) RETURNS bigint[]
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET work_mem = '64MB'
+SET cursor_tuple_fraction = 0.001 AS $$
 DECLARE
     v_now    timestamptz := clock_timestamp();
-    -- A group's bucket holds under one token while it is full later than
-    -- this (group_rate_limit - 1 tokens' time from now); NULL: no group rate.
-    v_empty  timestamptz := v_now + make_interval(
-                 secs => (p_queue.group_rate_limit - 1) * p_queue.rate_period_s / p_queue.group_rate_limit);
-    v_leased jsonb;             -- leases per group, under group_max_leased
     v_room   jsonb := '{}';     -- what each group met may still take
-    v_full   text[];
     v_ids    bigint[] := '{}';
     v_left   integer;
     v_task   record;
+    -- A declared cursor is planned to fetch a few rows first, and the
+    -- fraction makes that few: planned for all of them, the walk would sort
+    -- the queue's backlog instead of reading the claim index in order.
+    v_walk   CURSOR FOR
+        SELECT t.id, t.group_key, r.leased, r.spent
+          FROM batonq.tasks t
+         CROSS JOIN LATERAL (
+            SELECT CASE WHEN t.group_key IS NOT NULL AND p_queue.group_max_leased IS NOT NULL THEN
+                        coalesce((SELECT g.leased FROM batonq.group_leases g
+                                   WHERE g.queue = p_queue.name AND g.group_key = t.group_key), 0)
+                   END AS leased,
+                   -- The bucket's tokens taken (a bucket not there is full).
+                   CASE WHEN t.group_key IS NOT NULL AND p_queue.group_rate_limit IS NOT NULL THEN
+                        coalesce((SELECT ceil(greatest(extract(epoch FROM b.full_at - v_now), 0)
+                                              * p_queue.group_rate_limit / p_queue.rate_period_s)::integer
+                                    FROM batonq.group_rate_buckets b
+                                   WHERE b.queue = p_queue.name AND b.group_key = t.group_key), 0)
+                   END AS spent
+            OFFSET 0) r
+         WHERE t.queue = p_queue.name AND t.state = 'pending' AND t.run_at <= now()
+           AND (t.group_key IS NULL OR p_queue.group_max_leased IS NULL
+                OR t.group_key NOT IN (SELECT g.group_key FROM batonq.group_leases g
+                                        WHERE g.queue = p_queue.name AND g.leased >= p_queue.group_max_leased))
+           AND (r.leased IS NULL OR r.leased < p_queue.group_max_leased)
+           AND (r.spent IS NULL OR r.spent < p_queue.group_rate_limit)
+         ORDER BY t.priority DESC, t.run_at, t.id;
 BEGIN
-    SELECT coalesce(jsonb_object_agg(g.group_key, g.n), '{}'),
-           coalesce(array_agg(g.group_key) FILTER (WHERE g.n >= p_queue.group_max_leased), '{}')
-      INTO v_leased, v_full
-      FROM (SELECT group_key, count(*) AS n FROM batonq.tasks
-             WHERE p_queue.group_max_leased IS NOT NULL
-               AND queue = p_queue.name AND state = 'leased' AND group_key IS NOT NULL
-             GROUP BY group_key) g;
-    v_full := v_full || ARRAY(SELECT group_key FROM batonq.group_rate_buckets
-                               WHERE p_queue.group_rate_limit IS NOT NULL
-                                 AND queue = p_queue.name AND full_at > v_empty);
-    FOR v_task IN
-        SELECT id, group_key FROM batonq.tasks
-         WHERE queue = p_queue.name AND state = 'pending' AND run_at <= now()
-           AND (group_key IS NULL OR group_key <> ALL (v_full))
-         ORDER BY priority DESC, run_at, id
-    LOOP
+    PERFORM batonq._fold_group_leases(p_queue.name);
+    FOR v_task IN v_walk LOOP
         IF v_task.group_key IS NOT NULL THEN
-            v_left := v_room ->> v_task.group_key;
-            IF v_left IS NULL THEN
-                -- Its room under group_max_leased and its bucket's whole
-                -- tokens (least ignores a NULL: a limit not set; a bucket
-                -- not there is full).
-                v_left := least(
-                    p_queue.group_max_leased - coalesce((v_leased ->> v_task.group_key)::integer, 0),
-                    p_queue.group_rate_limit - coalesce(
-                        (SELECT ceil(greatest(extract(epoch FROM b.full_at - v_now), 0)
-                                     * p_queue.group_rate_limit / p_queue.rate_period_s)::integer
-                           FROM batonq.group_rate_buckets b
-                          WHERE b.queue = p_queue.name AND b.group_key = v_task.group_key), 0));
-            END IF;
+            -- Its room under group_max_leased and its bucket's whole tokens
+            -- (least ignores a NULL: a limit not set).
+            v_left := coalesce((v_room ->> v_task.group_key)::integer,
+                               least(p_queue.group_max_leased - v_task.leased,
+                                     p_queue.group_rate_limit - v_task.spent));
             CONTINUE WHEN v_left < 1;
             v_room := jsonb_set(v_room, ARRAY[v_task.group_key], to_jsonb(v_left - 1));
         END IF;
@@ -1456,7 +1571,9 @@ END $$;
 -- partition, and the ids are picked in a MATERIALIZED CTE and matched with
 -- = ANY(ARRAY(...)), which never over-fetches (a semi-join on a SKIP LOCKED
 -- subquery may be re-evaluated and claim more than asked) and never turns
--- into a hash join over the whole table.
+-- into a hash join over the whole table; the ids are looked up by the
+-- primary key alone (the state test above expire_leases says why), so a
+-- claim reads its batch whether or not the table was ever analyzed.
 CREATE OR REPLACE FUNCTION batonq.claim(
     p_queue     text,
     p_worker    text DEFAULT NULL,
@@ -1560,7 +1677,7 @@ BEGIN
             claim_key = p_key_id,
             stage = NULL
          WHERE t.queue = p_queue AND t.id = ANY (ARRAY(SELECT id FROM picked) || v_ids)
-           AND t.state = 'pending'
+           AND t.state NOT IN ('waiting', 'held', 'leased')
         RETURNING t.*
     )
     SELECT c.id, c.queue, c.fencing_token,
@@ -1586,7 +1703,8 @@ BEGIN
         SELECT p_queue, t.group_key,
                v_now + make_interval(secs => count(*) * v_queue.rate_period_s / v_queue.group_rate_limit)
           FROM batonq.tasks t
-         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state = 'leased' AND t.group_key IS NOT NULL
+         WHERE t.queue = p_queue AND t.id = ANY (v_ids) AND t.state NOT IN ('waiting', 'held', 'pending')
+           AND t.group_key IS NOT NULL
          GROUP BY t.group_key
         ON CONFLICT (queue, group_key) DO UPDATE SET
             full_at = excluded.full_at + greatest(b.full_at - v_now, interval '0');
@@ -1625,7 +1743,9 @@ BEGIN ATOMIC
 END;
 
 -- Expire the leases of every queue that has expired ones: for queues nobody
--- is claiming from. Returns how many tasks it touched.
+-- is claiming from. Returns how many tasks it touched. Also folds the group
+-- lease counts of every queue (under its limits lock), so the deltas of
+-- queues that no group-limited claim folds do not pile up.
 CREATE OR REPLACE FUNCTION batonq.sweep() RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -1637,6 +1757,10 @@ BEGIN
         SELECT DISTINCT queue FROM batonq.tasks WHERE state = 'leased' AND lease_expires_at < now()
     LOOP
         v_total := v_total + batonq.expire_leases(v_queue);
+    END LOOP;
+    FOR v_queue IN SELECT DISTINCT d.queue FROM batonq.group_lease_deltas d LOOP
+        PERFORM batonq._limits_lock(v_queue);
+        PERFORM batonq._fold_group_leases(v_queue);
     END LOOP;
     RETURN v_total;
 END $$;
@@ -3747,6 +3871,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('6f1edd4e9651065bceddebc888cb2b05d7bcc49c26e3eb3bc14034c0215810ba');
+INSERT INTO batonq.engine (sha256) VALUES ('4709a66ba904c6eb33644f09a1688062b3f7710f87e2de79bfa030aab28044e2');
 
 COMMIT;
