@@ -9,6 +9,7 @@ import psycopg
 
 __all__ = [
     "BatonqError",
+    "DirectConnectionNeeded",
     "GraphCycle",
     "InvalidArgument",
     "InvalidQueueName",
@@ -107,6 +108,13 @@ class ScheduleNotFound(BatonqError):
 
 class SchemaMissing(BatonqError):
     code = "schema_missing"
+
+
+class DirectConnectionNeeded(BatonqError):
+    """LISTEN was asked for, but the database URL goes through a transaction
+    pooler and no URL straight to PostgreSQL was given: raised at open."""
+
+    code = "direct_connection_needed"
 
 
 class LeaseLost(BatonqError):

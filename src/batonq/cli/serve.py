@@ -7,8 +7,9 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import click
+import psycopg
 
-from batonq.cli.common import open_client, resolved_dsn
+from batonq.cli.common import Failure, open_client, resolved_dsn
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -19,6 +20,10 @@ __all__ = ["app_from_env", "serve"]
 _ENV_APP = "BATONQ_SERVE_APP"
 # Seconds a --workers process may take to answer uvicorn's health check.
 _HEALTHCHECK_S = 60
+_NOT_OWNER = (
+    "batonq serve checks API keys and runs operator actions, which only the batonq schema's owner"
+    " may: connect as the role that ran `batonq migrate` (a role in batonq_worker is for workers)"
+)
 
 
 @click.command()
@@ -108,8 +113,12 @@ def serve(
     from batonq.server import create_server
 
     dsn = resolved_dsn(ctx)
-    with open_client(ctx) as client:
-        first = client.create_first_key()
+    # Listening, as the service does: a setup that cannot listen fails here.
+    with open_client(ctx, listen=True) as client:
+        try:
+            first = client.create_first_key()
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise Failure("permission_denied", _NOT_OWNER) from error
     if first is not None:
         click.echo(
             "\nFirst start: an admin key (ring 0, all queues) was made. It is shown only now:\n\n"
