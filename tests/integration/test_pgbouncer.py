@@ -155,9 +155,14 @@ def owner_pooled_dsn(admin_dsn: str, bouncer: tuple[str, int]) -> str:
     return make_conninfo(admin_dsn, host=bouncer[0], port=bouncer[1])
 
 
+@pytest.mark.usefixtures("no_listen_url")
 def test_a_transaction_pooler_is_told_from_postgresql(pooled_dsn: str, direct_dsn: str) -> None:
+    """Through the pooler a client prepares nothing; straight to PostgreSQL
+    it prepares repeated statements as before."""
     assert transaction_pooled(pooled_dsn)
     assert not transaction_pooled(direct_dsn)
+    with batonq.connect(direct_dsn) as client:
+        assert client.pooled is False
 
 
 @pytest.mark.usefixtures("no_listen_url")
