@@ -203,6 +203,12 @@ def test_poll_only_through_the_pooler_shared_by_four_threads(pooled_dsn: str) ->
 def test_listening_through_the_pooler_needs_a_direct_url_and_says_so_at_open(pooled_dsn: str) -> None:
     with pytest.raises(batonq.DirectConnectionNeeded, match=r"\$BATONQ_LISTEN_URL"):
         batonq.connect(pooled_dsn)
+    # The CLI: only a command that waits listens.
+    assert _batonq("--dsn", pooled_dsn, "enqueue", Q, "{}").returncode == 0
+    waiting = _batonq("--dsn", pooled_dsn, "claim", Q, "--wait", "1")
+    assert waiting.returncode == 1
+    assert "error: direct_connection_needed:" in waiting.stderr
+    assert _batonq("--dsn", pooled_dsn, "claim", Q).returncode == 0
 
 
 def _batonq(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
