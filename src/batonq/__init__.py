@@ -14,6 +14,7 @@ from batonq.client import AsyncClient, connect_async
 from batonq.client_sync import Client, connect
 from batonq.errors import (
     BatonqError,
+    DirectConnectionNeeded,
     EmbeddedUnavailable,
     GraphCycle,
     InvalidArgument,
@@ -62,6 +63,7 @@ __all__ = [
     "BaseJob",
     "BatonqError",
     "Client",
+    "DirectConnectionNeeded",
     "Edge",
     "EmbeddedUnavailable",
     "Enqueued",

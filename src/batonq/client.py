@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from batonq import operations
 from batonq.embedded import resolve_dsn
-from batonq.errors import from_database_error
+from batonq.errors import DirectConnectionNeeded, from_database_error
 from batonq.json_values import load_json
 from batonq.limits import MAX_AWAIT_S
 from batonq.listener import AsyncListener, AsyncNoListener, AsyncWake
@@ -53,7 +53,7 @@ from batonq.models import (
 from batonq.operations import Call
 from batonq.sweeper import Sweeper
 
-__all__ = ["ENV_LISTEN_DSN", "AsyncClient", "connect_async"]
+__all__ = ["ENV_LISTEN_DSN", "AsyncClient", "connect_async", "transaction_pooled"]
 
 ENV_LISTEN_DSN = "BATONQ_LISTEN_URL"
 
@@ -66,6 +66,8 @@ T = TypeVar("T")
 # renews only every other time.
 _AWAIT_S = 15.0
 _AWAIT_MARGIN_S = 1.0
+_PREPARE_THRESHOLD = 5  # psycopg's default: a statement run this often is prepared
+_POOLER_PROBES = 3
 _RECONNECT_S = 0.5
 _UNREACHABLE_WAIT_S = 1.0
 """How long a call waits for a connection while the database is unreachable."""
@@ -96,6 +98,33 @@ def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:
     return bool(select.select([fd], [], [], 0)[0])  # Windows: no poll
 
 
+async def transaction_pooled(dsn: str) -> bool:
+    """Whether ``dsn`` goes through a transaction pooler: a server session
+    that serves one connection also serves another between its
+    transactions. Two connections ask which server process answers them,
+    in turn, a few times (PgBouncer hands out the server connection last
+    given back first, so the other connection gets it at once)."""
+    connect = psycopg.AsyncConnection.connect
+    async with (
+        await connect(dsn, autocommit=True, prepare_threshold=None) as one,
+        await connect(dsn, autocommit=True, prepare_threshold=None) as other,
+    ):
+        for _ in range(_POOLER_PROBES):
+            first = await _server_pid(one)
+            theirs = await _server_pid(other)
+            again = await _server_pid(one)
+            if again != first or theirs in (first, again):
+                return True
+    return False
+
+
+async def _server_pid(conn: psycopg.AsyncConnection[Any]) -> int:
+    cursor = await conn.execute("SELECT pg_backend_pid()")
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _default_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -107,15 +136,21 @@ class AsyncClient:
 
     - ``listen``: wake long-poll claims with LISTEN/NOTIFY (one connection);
       False polls every ``poll_interval_s`` instead.
-    - ``listen_dsn`` (default ``$BATONQ_LISTEN_URL``, else ``dsn``): where the
-      two session-bound connections go, the LISTEN one and the sweeper's
-      (its leader lock lives as long as its connection). Behind PgBouncer in
-      transaction mode give ``dsn`` the pooler and ``listen_dsn`` PostgreSQL
-      itself.
+    - ``listen_dsn`` (default ``$BATONQ_LISTEN_URL``, else ``dsn``): where
+      the LISTEN connection goes, the one that needs a session of its own.
+      Behind a transaction pooler give ``dsn`` the pooler and ``listen_dsn``
+      PostgreSQL itself (or a session-mode pooler).
+    - ``pooled``: whether ``dsn`` goes through a transaction pooler
+      (PgBouncer, Supavisor... in transaction mode), which hands a server
+      session to other clients between transactions. None (default): True
+      when ``listen_dsn`` differs from ``dsn``, else found out at open
+      (``transaction_pooled``). Pooled, nothing relies on session state:
+      no prepared statements, and ``listen`` without a ``listen_dsn`` of its
+      own raises ``DirectConnectionNeeded`` at open.
     - ``prepare``: server-side prepared statements for repeated calls; by
-      default on unless ``listen_dsn`` differs from ``dsn`` (a pooler, which
-      may hand each transaction another server connection).
-    - ``sweeper``: run a leader-elected sweeper in this process.
+      default on unless ``pooled``.
+    - ``sweeper``: run a sweeper in this process (one leads at a time, by a
+      lease in the database: it works through a pooler too).
     - ``connection_wait_s``: how long a call waits for a pooled connection
       while every connection is busy before it fails with
       ``psycopg_pool.PoolTimeout``. While the database is unreachable (the
@@ -132,6 +167,7 @@ class AsyncClient:
         listen: bool = True,
         poll_interval_s: float = 1.0,
         listen_dsn: str | None = None,
+        pooled: bool | None = None,
         prepare: bool | None = None,
         sweeper: bool = False,
         worker_name: str | None = None,
@@ -139,8 +175,10 @@ class AsyncClient:
     ) -> None:
         self.dsn = dsn
         self.listen_dsn = listen_dsn or os.environ.get(ENV_LISTEN_DSN) or dsn
-        if prepare is None:
-            prepare = self.listen_dsn == dsn
+        self.pooled = pooled if pooled is not None else (True if self.listen_dsn != dsn else None)
+        self._prepare = prepare
+        self._prepare_threshold: int | None = None  # decided at open, once pooled is known
+        self._listen = listen
         self.worker_name = worker_name or _default_worker()
         self.poll_interval_s = poll_interval_s
         self.connection_wait_s = connection_wait_s
@@ -150,7 +188,7 @@ class AsyncClient:
             dsn,
             min_size=min_connections,
             max_size=max_connections,
-            kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None, "context": _ADAPTERS},
+            kwargs={"autocommit": True, "prepare_threshold": None, "context": _ADAPTERS},
             timeout=connection_wait_s,
             reconnect_timeout=_RECONNECT_S,
             reconnect_failed=self._connect_again,
@@ -159,6 +197,9 @@ class AsyncClient:
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
         self._listener = AsyncListener(self.listen_dsn, self.forget_awaited) if listen else AsyncNoListener()
+        # The sweeper keeps no session state: through the pooler or not, the
+        # same; given a URL straight to PostgreSQL it uses that, so a long
+        # VACUUM holds none of the pooler's few server connections.
         self._sweeper = Sweeper(self.listen_dsn) if sweeper else None
 
     async def _connected(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -176,6 +217,16 @@ class AsyncClient:
 
     async def open(self) -> AsyncClient:
         await self._pool.open(wait=True)
+        try:
+            if self.pooled is None:
+                self.pooled = await transaction_pooled(self.dsn)
+            if self._listen:
+                self.session_dsn()  # a setup that cannot listen fails now, not at a long-poll
+        except BaseException:
+            await self._pool.close()
+            raise
+        prepare = not self.pooled if self._prepare is None else self._prepare
+        self._prepare_threshold = _PREPARE_THRESHOLD if prepare else None
         if self._sweeper is not None:
             self._sweeper.start()
         return self
@@ -185,6 +236,18 @@ class AsyncClient:
             self._sweeper.stop()
         await self._listener.close()
         await self._pool.close()
+
+    def session_dsn(self) -> str:
+        """Where a connection that keeps session state (LISTEN) goes:
+        ``listen_dsn``. Raises ``DirectConnectionNeeded`` when that is a
+        transaction pooler (no URL straight to PostgreSQL was given)."""
+        if self.pooled and self.listen_dsn == self.dsn:
+            raise DirectConnectionNeeded(
+                "the database URL goes through a transaction pooler, where LISTEN has no session of its"
+                f" own: set ${ENV_LISTEN_DSN} (listen_dsn=) to PostgreSQL itself, or poll only"
+                " (listen=False; batonq worker --no-listen)"
+            )
+        return self.listen_dsn
 
     @property
     def swept(self) -> int:
@@ -236,6 +299,7 @@ class AsyncClient:
         unreachable makes it fail within ``_UNREACHABLE_WAIT_S``, even one
         that began to wait before the database went away."""
         conn = await self._getconn()
+        conn.prepare_threshold = self._prepare_threshold
         try:
             async with conn:
                 yield conn

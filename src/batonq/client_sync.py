@@ -22,7 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from batonq import operations
 from batonq.embedded import resolve_dsn
-from batonq.errors import from_database_error
+from batonq.errors import DirectConnectionNeeded, from_database_error
 from batonq.json_values import load_json
 from batonq.limits import MAX_AWAIT_S
 from batonq.listener import Listener, NoListener, Wake
@@ -51,7 +51,7 @@ from batonq.models import (
 from batonq.operations import Call
 from batonq.sweeper import Sweeper
 
-__all__ = ["ENV_LISTEN_DSN", "Client", "connect"]
+__all__ = ["ENV_LISTEN_DSN", "Client", "connect", "transaction_pooled"]
 
 ENV_LISTEN_DSN = "BATONQ_LISTEN_URL"
 
@@ -64,6 +64,8 @@ T = TypeVar("T")
 # renews only every other time.
 _AWAIT_S = 15.0
 _AWAIT_MARGIN_S = 1.0
+_PREPARE_THRESHOLD = 5  # psycopg's default: a statement run this often is prepared
+_POOLER_PROBES = 3
 _RECONNECT_S = 0.5
 _UNREACHABLE_WAIT_S = 1.0
 """How long a call waits for a connection while the database is unreachable."""
@@ -94,6 +96,33 @@ def _heard_while_idle(conn: psycopg.BaseConnection[Any]) -> bool:
     return bool(select.select([fd], [], [], 0)[0])  # Windows: no poll
 
 
+def transaction_pooled(dsn: str) -> bool:
+    """Whether ``dsn`` goes through a transaction pooler: a server session
+    that serves one connection also serves another between its
+    transactions. Two connections ask which server process answers them,
+    in turn, a few times (PgBouncer hands out the server connection last
+    given back first, so the other connection gets it at once)."""
+    connect = psycopg.Connection.connect
+    with (
+        connect(dsn, autocommit=True, prepare_threshold=None) as one,
+        connect(dsn, autocommit=True, prepare_threshold=None) as other,
+    ):
+        for _ in range(_POOLER_PROBES):
+            first = _server_pid(one)
+            theirs = _server_pid(other)
+            again = _server_pid(one)
+            if again != first or theirs in (first, again):
+                return True
+    return False
+
+
+def _server_pid(conn: psycopg.Connection[Any]) -> int:
+    cursor = conn.execute("SELECT pg_backend_pid()")
+    row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def _default_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -105,15 +134,21 @@ class Client:
 
     - ``listen``: wake long-poll claims with LISTEN/NOTIFY (one connection);
       False polls every ``poll_interval_s`` instead.
-    - ``listen_dsn`` (default ``$BATONQ_LISTEN_URL``, else ``dsn``): where the
-      two session-bound connections go, the LISTEN one and the sweeper's
-      (its leader lock lives as long as its connection). Behind PgBouncer in
-      transaction mode give ``dsn`` the pooler and ``listen_dsn`` PostgreSQL
-      itself.
+    - ``listen_dsn`` (default ``$BATONQ_LISTEN_URL``, else ``dsn``): where
+      the LISTEN connection goes, the one that needs a session of its own.
+      Behind a transaction pooler give ``dsn`` the pooler and ``listen_dsn``
+      PostgreSQL itself (or a session-mode pooler).
+    - ``pooled``: whether ``dsn`` goes through a transaction pooler
+      (PgBouncer, Supavisor... in transaction mode), which hands a server
+      session to other clients between transactions. None (default): True
+      when ``listen_dsn`` differs from ``dsn``, else found out at open
+      (``transaction_pooled``). Pooled, nothing relies on session state:
+      no prepared statements, and ``listen`` without a ``listen_dsn`` of its
+      own raises ``DirectConnectionNeeded`` at open.
     - ``prepare``: server-side prepared statements for repeated calls; by
-      default on unless ``listen_dsn`` differs from ``dsn`` (a pooler, which
-      may hand each transaction another server connection).
-    - ``sweeper``: run a leader-elected sweeper in this process.
+      default on unless ``pooled``.
+    - ``sweeper``: run a sweeper in this process (one leads at a time, by a
+      lease in the database: it works through a pooler too).
     - ``connection_wait_s``: how long a call waits for a pooled connection
       while every connection is busy before it fails with
       ``psycopg_pool.PoolTimeout``. While the database is unreachable (the
@@ -130,6 +165,7 @@ class Client:
         listen: bool = True,
         poll_interval_s: float = 1.0,
         listen_dsn: str | None = None,
+        pooled: bool | None = None,
         prepare: bool | None = None,
         sweeper: bool = False,
         worker_name: str | None = None,
@@ -137,8 +173,10 @@ class Client:
     ) -> None:
         self.dsn = dsn
         self.listen_dsn = listen_dsn or os.environ.get(ENV_LISTEN_DSN) or dsn
-        if prepare is None:
-            prepare = self.listen_dsn == dsn
+        self.pooled = pooled if pooled is not None else (True if self.listen_dsn != dsn else None)
+        self._prepare = prepare
+        self._prepare_threshold: int | None = None  # decided at open, once pooled is known
+        self._listen = listen
         self.worker_name = worker_name or _default_worker()
         self.poll_interval_s = poll_interval_s
         self.connection_wait_s = connection_wait_s
@@ -148,7 +186,7 @@ class Client:
             dsn,
             min_size=min_connections,
             max_size=max_connections,
-            kwargs={"autocommit": True, "prepare_threshold": 5 if prepare else None, "context": _ADAPTERS},
+            kwargs={"autocommit": True, "prepare_threshold": None, "context": _ADAPTERS},
             timeout=connection_wait_s,
             reconnect_timeout=_RECONNECT_S,
             reconnect_failed=self._connect_again,
@@ -157,6 +195,9 @@ class Client:
         )
         self._awaited: dict[str, float] = {}  # queue -> time.monotonic() its registration ends
         self._listener = Listener(self.listen_dsn, self.forget_awaited) if listen else NoListener()
+        # The sweeper keeps no session state: through the pooler or not, the
+        # same; given a URL straight to PostgreSQL it uses that, so a long
+        # VACUUM holds none of the pooler's few server connections.
         self._sweeper = Sweeper(self.listen_dsn) if sweeper else None
 
     def _connected(self, conn: psycopg.Connection[Any]) -> None:
@@ -174,6 +215,16 @@ class Client:
 
     def open(self) -> Client:
         self._pool.open(wait=True)
+        try:
+            if self.pooled is None:
+                self.pooled = transaction_pooled(self.dsn)
+            if self._listen:
+                self.session_dsn()  # a setup that cannot listen fails now, not at a long-poll
+        except BaseException:
+            self._pool.close()
+            raise
+        prepare = not self.pooled if self._prepare is None else self._prepare
+        self._prepare_threshold = _PREPARE_THRESHOLD if prepare else None
         if self._sweeper is not None:
             self._sweeper.start()
         return self
@@ -183,6 +234,18 @@ class Client:
             self._sweeper.stop()
         self._listener.close()
         self._pool.close()
+
+    def session_dsn(self) -> str:
+        """Where a connection that keeps session state (LISTEN) goes:
+        ``listen_dsn``. Raises ``DirectConnectionNeeded`` when that is a
+        transaction pooler (no URL straight to PostgreSQL was given)."""
+        if self.pooled and self.listen_dsn == self.dsn:
+            raise DirectConnectionNeeded(
+                "the database URL goes through a transaction pooler, where LISTEN has no session of its"
+                f" own: set ${ENV_LISTEN_DSN} (listen_dsn=) to PostgreSQL itself, or poll only"
+                " (listen=False; batonq worker --no-listen)"
+            )
+        return self.listen_dsn
 
     @property
     def swept(self) -> int:
@@ -234,6 +297,7 @@ class Client:
         unreachable makes it fail within ``_UNREACHABLE_WAIT_S``, even one
         that began to wait before the database went away."""
         conn = self._getconn()
+        conn.prepare_threshold = self._prepare_threshold
         try:
             with conn:
                 yield conn

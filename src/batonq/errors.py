@@ -10,6 +10,7 @@ import psycopg
 
 __all__ = [
     "BatonqError",
+    "DirectConnectionNeeded",
     "EmbeddedUnavailable",
     "GraphCycle",
     "InvalidArgument",
@@ -116,6 +117,13 @@ class EmbeddedUnavailable(BatonqError):
     (``$BATONQ_HOME`` too long for its socket, or out of its user's reach)."""
 
     code = "embedded_unavailable"
+
+
+class DirectConnectionNeeded(BatonqError):
+    """LISTEN was asked for, but the database URL goes through a transaction
+    pooler and no URL straight to PostgreSQL was given: raised at open."""
+
+    code = "direct_connection_needed"
 
 
 class LeaseLost(BatonqError):

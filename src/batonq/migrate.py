@@ -42,6 +42,7 @@ ENGINE = (
     "submit",
     "operator",
     "maintenance",
+    "leaders",
     "graph",
     "keys",
     "dashboard",

@@ -1,15 +1,20 @@
 """The sweeper: expires leases in queues nobody is claiming from, fires
 cron schedules, keeps the archive's partitions and retention, and vacuums
 and analyzes the hot table's partitions as their dead row versions and
-changes pile up. Any process
-may run one; an advisory lock elects a single leader, and the others stand
-by to take over."""
+changes pile up. Any process may run one; a lease in the database
+(``batonq.lead``) elects a single leader, and the others stand by to take
+over. The lease is a row, not a session lock: a sweeper keeps no session
+state, so it runs through a transaction pooler as well as straight to
+PostgreSQL."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -21,11 +26,11 @@ __all__ = ["APPLICATION_NAME", "Sweeper"]
 
 log = logging.getLogger("batonq.sweeper")
 APPLICATION_NAME = "batonq sweeper"
-_LEADER_KEY = 0x6261_746F_6E71_01  # "batonq" + 1
+_LEADER = "sweeper"
 # Vacuuming is a duty apart, held by one process among those whose role may
 # vacuum the hot table: the leader is often a worker's sweeper, whose role
 # owns no table.
-_VACUUM_KEY = 0x6261_746F_6E71_02
+_VACUUM = "vacuum"
 _MAY_VACUUM = "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = 'batonq.tasks'::regclass"
 
 # The hot partitions with at least %s dead row versions that this role may
@@ -112,10 +117,22 @@ class Sweeper:
     removes them. Autovacuum at PostgreSQL's defaults looks at a database
     once a minute, long enough for a busy queue to slow by a quarter.
 
+    Each duty is held under a lease of ``lease_s`` (default: five
+    intervals, at least 1 s), renewed every interval: a sweeper that stops
+    gives its duties up at once; one that dies (or loses the database) is
+    replaced within ``lease_s`` and an interval. Each change of hands draws
+    the duty's next fencing token (``token``; ``batonq.leaders`` shows who
+    leads since when). A leader stalled past its lease (its process paused)
+    may finish the statement it was in beside the new leader, which costs
+    no correctness (claims expire leases beside the sweep all the time, and
+    a tick fires once, by compare-and-set); at its next renewal it finds
+    that it no longer leads.
+
     A schedule's tick fires within about ``interval_s`` of its time (every
     schedule due fires in the round, however many); one more than
     ``schedule_grace_s`` late when the round began (default: twice the
-    interval, at least 2 s) passed while no sweeper ran, and the schedule's missed-tick
+    interval, at least 2 s, plus ``lease_s``, the time a standby may take
+    to take over) passed while no sweeper ran, and the schedule's missed-tick
     setting decides whether it fires."""
 
     def __init__(
@@ -127,13 +144,20 @@ class Sweeper:
         vacuum_dead: int = 20_000,
         analyze_changed: int = 50_000,
         schedule_grace_s: float | None = None,
+        lease_s: float | None = None,
     ) -> None:
         self._dsn = dsn
         self.interval_s = interval_s
         self.maintain_every_s = maintain_every_s
         self.vacuum_dead = vacuum_dead
         self.analyze_changed = analyze_changed
-        self.schedule_grace_s = max(2.0, 2 * interval_s) if schedule_grace_s is None else schedule_grace_s
+        self.lease_s = max(1.0, 5 * interval_s) if lease_s is None else lease_s
+        if schedule_grace_s is None:
+            schedule_grace_s = max(2.0, 2 * interval_s) + self.lease_s
+        self.schedule_grace_s = schedule_grace_s
+        # Unique per sweeper: two in one process are two candidates.
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.token: int | None = None  # the leader's term, while it leads
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection | None = None
@@ -167,16 +191,17 @@ class Sweeper:
         while not self._stop.is_set():
             try:
                 # Named, so an operator finds the sweepers in pg_stat_activity.
-                with psycopg.connect(self._dsn, autocommit=True, application_name=APPLICATION_NAME) as conn:
+                # Never a prepared statement: through a transaction pooler the
+                # next statement may reach another server session.
+                with psycopg.connect(self._dsn, autocommit=True, prepare_threshold=None,
+                                     application_name=APPLICATION_NAME) as conn:  # fmt: skip
                     conn.add_notice_handler(_log_warning)
                     self._conn = conn
                     try:
                         self._lead(conn)
                     finally:
                         self._conn = None
-                        # The leader lock is this connection's: leadership
-                        # ends with it, on stop() as on a lost connection.
-                        self.is_leader = self.vacuums_here = False
+                        self._resign(conn)
             except psycopg.Error as error:
                 if self._stop.is_set():
                     return  # the statement stop() cancelled
@@ -189,11 +214,11 @@ class Sweeper:
         row = conn.execute(_MAY_VACUUM).fetchone() if maintains else None
         may_vacuum = bool(row and row[0])
         while not self._stop.is_set():
-            if not self.is_leader:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_KEY,)).fetchone()
-                self.is_leader = bool(row and row[0])
-                if self.is_leader:
-                    log.info("sweeper is leader")
+            leader = self.is_leader
+            self.token = self._take(conn, _LEADER)
+            self.is_leader = self.token is not None
+            if self.is_leader != leader:
+                log.info("sweeper %s (term %s)", "leads" if self.is_leader else "no longer leads", self.token)
             if self.is_leader:
                 row = conn.execute("SELECT batonq.sweep()").fetchone()
                 self.swept += int(row[0]) if row else 0
@@ -205,14 +230,35 @@ class Sweeper:
                     # tick, or a busy queue's finished tasks outgrow it.
                     behind = bool(report.get("behind"))
                     next_maintain = time.monotonic() + (self.interval_s if behind else self.maintain_every_s)
-            if may_vacuum and not self.vacuums_here:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_VACUUM_KEY,)).fetchone()
-                self.vacuums_here = bool(row and row[0])
+            if may_vacuum:
+                self.vacuums_here = self._take(conn, _VACUUM) is not None
             # Every tick: a busy queue leaves two dead rows a task, and a
             # minute of them is hundreds of thousands for its claims to pass.
             if self.vacuums_here:
                 self._vacuum(conn)
             self._stop.wait(self.interval_s)
+
+    def _take(self, conn: psycopg.Connection, duty: str) -> int | None:
+        """Renew or take ``duty``'s lease: its fencing token, None while
+        another sweeper holds it."""
+        row = conn.execute("SELECT batonq.lead(%s, %s, %s)", (duty, self.holder, self.lease_s)).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def _resign(self, conn: psycopg.Connection) -> None:
+        """Give the duties up (on stop(); after a lost connection the
+        leases run out instead)."""
+        held = [duty for duty, mine in ((_LEADER, self.is_leader), (_VACUUM, self.vacuums_here)) if mine]
+        self.is_leader = self.vacuums_here = False
+        self.token = None
+        for duty in held:
+            for _ in range(2):  # stop()'s cancel may land on the first try
+                try:
+                    conn.execute("SELECT batonq.resign(%s, %s)", (duty, self.holder))
+                    break
+                except psycopg.errors.QueryCanceled:
+                    continue
+                except psycopg.Error:
+                    return
 
     def _fire_schedules(self, conn: psycopg.Connection) -> None:
         """Every due schedule, a page at a time, each page fired in one call."""

@@ -29,6 +29,14 @@ def advisory_locks(sql: psycopg.Connection[Any], dsn: str) -> int:
     return int(row[0])
 
 
+def lease_holder(sql: psycopg.Connection[Any], duty: str = "sweeper") -> tuple[str, int] | None:
+    """(holder, fencing token) of the unexpired lease on ``duty``, if any."""
+    row = sql.execute(
+        "SELECT holder, token FROM batonq.leaders WHERE duty = %s AND expires_at > now()", (duty,)
+    ).fetchone()
+    return (str(row[0]), int(row[1])) if row else None
+
+
 def lease_out_and_wait_back(client: batonq.Client, task_ids: set[int]) -> None:
     """Lease every task for LEASE_S, then wait (no claim) until all are pending."""
     leases = client.claim(Q, max_tasks=len(task_ids), lease_s=LEASE_S)
@@ -45,10 +53,11 @@ def lease_out_and_wait_back(client: batonq.Client, task_ids: set[int]) -> None:
     assert {client.task(task_id).last_error for task_id in task_ids} == {"lease expired"}
 
 
-@pytest.mark.direct  # a Sweeper's leader lock needs a session: never through a transaction pooler
 def test_one_leader_sweeps_and_another_takes_over_when_it_stops(
     client: batonq.Client, dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
+    """Through PgBouncer too (the pooled pass): the lease is a row, and no
+    sweeper leaves a lock on a server connection."""
     task_ids = {e.task_id for e in client.enqueue_many(Q, [{"n": n} for n in range(3)])}
     sweepers = [batonq.Sweeper(dsn, interval_s=0.2), batonq.Sweeper(dsn, interval_s=0.2)]
     for sweeper in sweepers:
@@ -59,16 +68,18 @@ def test_one_leader_sweeps_and_another_takes_over_when_it_stops(
         )
         [follower] = [s for s in sweepers if s is not leader]
         assert not follower.is_leader
-        assert advisory_locks(sql, dsn) == 1
+        assert lease_holder(sql) == (leader.holder, leader.token)
 
         lease_out_and_wait_back(client, task_ids)
         assert (leader.swept, follower.swept) == (3, 0), "only the leader sweeps"
         assert (leader.is_leader, follower.is_leader) == (True, False)
 
+        first_term = leader.token
+        assert first_term is not None
         leader.stop()
         wait_for(lambda: follower.is_leader, timeout=5, what="the other sweeper to take over")
         assert not leader.is_leader, "a stopped sweeper still says it leads"
-        assert advisory_locks(sql, dsn) == 1
+        assert lease_holder(sql) == (follower.holder, first_term + 1), "the next term, the next token"
 
         lease_out_and_wait_back(client, task_ids)
         assert (leader.swept, follower.swept) == (3, 3)
@@ -76,7 +87,27 @@ def test_one_leader_sweeps_and_another_takes_over_when_it_stops(
     finally:
         for sweeper in sweepers:
             sweeper.stop()
-    assert wait_for(lambda: advisory_locks(sql, dsn) == 0, timeout=5, what="the lock to go")
+    assert lease_holder(sql) is None, "a stopped sweeper gives its lease up"
+    assert advisory_locks(sql, dsn) == 0
+
+
+def test_a_dead_leaders_lease_runs_out_and_a_standby_takes_over(
+    dsn: str, sql: psycopg.Connection[Any]
+) -> None:
+    """A leader that vanished without giving its lease up (killed, or cut
+    off) is replaced once its lease has run out, not before."""
+    sql.execute(
+        "INSERT INTO batonq.leaders VALUES ('sweeper', 'gone:1:x', 7, now(), now() + interval '2 s')"
+    )
+    standby = batonq.Sweeper(dsn, interval_s=0.1, lease_s=1)
+    standby.start()
+    try:
+        time.sleep(1)  # well within the dead leader's lease
+        assert not standby.is_leader
+        wait_for(lambda: standby.is_leader, timeout=5, what="the standby to take over")
+        assert standby.token == 8
+    finally:
+        standby.stop()
 
 
 def hot_partition_stats(sql: psycopg.Connection[Any], queue: str) -> tuple[int, int]:

@@ -160,9 +160,13 @@ def resolved_dsn(ctx: click.Context) -> str:
 
 
 @contextlib.contextmanager
-def open_client(ctx: click.Context) -> Iterator[batonq.Client]:
-    """A small client for one command, closed when it ends."""
-    client = batonq.Client(resolved_dsn(ctx), min_connections=1, max_connections=2, poll_interval_s=0.5)
+def open_client(ctx: click.Context, *, listen: bool = False) -> Iterator[batonq.Client]:
+    """A small client for one command, closed when it ends; ``listen`` for
+    a command that waits (it then needs $BATONQ_LISTEN_URL behind a
+    transaction pooler)."""
+    client = batonq.Client(
+        resolved_dsn(ctx), min_connections=1, max_connections=2, poll_interval_s=0.5, listen=listen
+    )
     with client.open():
         yield client
 

@@ -62,7 +62,7 @@ def claim(
       lease=$(batonq claim shards --wait 30)   # exit code 3: nothing came
       token=$(echo "$lease" | jq -r .lease_token)
     """
-    with open_client(ctx) as client:
+    with open_client(ctx, listen=wait_s > 0) as client:
         leases = client.claim(queue, max_tasks=max_tasks, lease_s=lease_s, wait_s=wait_s, worker=worker)
     for lease in leases:
         echo_json(lease)

@@ -11,8 +11,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+import psycopg
 
-from batonq.cli.common import open_client, resolved_dsn
+from batonq.cli.common import Failure, open_client, resolved_dsn
 from batonq.worker.logs import json_log_config
 
 if TYPE_CHECKING:
@@ -25,6 +26,10 @@ _ENV_APP = "BATONQ_SERVE_APP"
 # Seconds a --workers process may take to answer uvicorn's health check.
 _HEALTHCHECK_S = 60
 _log = logging.getLogger("batonq.serve")
+_NOT_OWNER = (
+    "batonq serve checks API keys and runs operator actions, which only the batonq schema's owner"
+    " may: connect as the role that ran `batonq migrate` (a role in batonq_worker is for workers)"
+)
 
 
 @click.command()
@@ -121,8 +126,12 @@ def serve(
     # uvicorn ends by raising the SIGTERM it caught; as an exception (not the
     # default handler's sudden death) it lets the embedded server stop with us.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    with open_client(ctx) as client:
-        first = client.create_first_key()
+    # Listening, as the service does: a setup that cannot listen fails here.
+    with open_client(ctx, listen=True) as client:
+        try:
+            first = client.create_first_key()
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise Failure("permission_denied", _NOT_OWNER) from error
     shown = f"[{host}]" if ":" in host else host
     dashboard = f"http://{shown}:{port}/ui"
     # uvicorn's own text logs, or JSON lines from every logger it and batonq use.

@@ -105,7 +105,8 @@ def _split(values: tuple[str, ...]) -> list[str]:
     "--listen/--no-listen",
     default=True,
     show_default=True,
-    help="Wake on LISTEN/NOTIFY; --no-listen polls every --wait (transaction-pooling PgBouncer).",
+    help="Wake on LISTEN/NOTIFY; --no-listen polls every --wait (behind a transaction pooler "
+    "with no $BATONQ_LISTEN_URL).",
 )
 @click.option(
     "--dsn",

@@ -218,9 +218,10 @@ class Worker:
             self._fields = {"worker": client.worker_name}
             self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="batonq-job")
             stack.callback(self._executor.shutdown, wait=False, cancel_futures=True)
-            listener = (
-                AsyncListener(client.listen_dsn, client.forget_awaited) if self.listen else AsyncNoListener()
-            )
+            # Behind a transaction pooler LISTEN needs $BATONQ_LISTEN_URL: else this raises at start.
+            listener: AsyncListener | AsyncNoListener = AsyncNoListener()
+            if self.listen:
+                listener = AsyncListener(client.session_dsn(), client.forget_awaited)
             stack.push_async_callback(listener.close)
             relays = [asyncio.create_task(self._relay(listener, queue)) for queue in self.queues]
             tickers = [asyncio.create_task(self._beat_ticks()), asyncio.create_task(self._summaries())]
