@@ -581,6 +581,28 @@ DROP FUNCTION IF EXISTS batonq.due_schedules(integer);
 
 INSERT INTO batonq.migrations (version, name) VALUES (8, 'due_pages');
 
+-- migrations/0009_leaders.sql
+-- batonq 0009: the sweeper's leader is elected by a lease row, not a session
+-- advisory lock. A transaction pooler (PgBouncer in transaction mode) hands
+-- a server session to other clients between transactions: a session lock
+-- taken through it is held by whichever client's server connection took it,
+-- outlives the sweeper, and lets every sweeper lead. A row works through any
+-- pooler (engine/leaders.sql).
+
+-- One row per duty ('sweeper': sweep, schedules, maintenance; 'vacuum').
+-- token grows by one each time the duty changes hands: a fencing token
+-- numbering the leaders' terms.
+CREATE TABLE batonq.leaders (
+    duty       text PRIMARY KEY,
+    holder     text NOT NULL,
+    token      bigint NOT NULL,
+    since      timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+REVOKE ALL ON batonq.leaders FROM PUBLIC;
+
+INSERT INTO batonq.migrations (version, name) VALUES (9, 'leaders');
+
 -- migrations/0010_group_leases.sql
 -- batonq 0010: the leases each group holds, kept as they change, so a
 -- group-limited claim looks a group's count up by key instead of counting
@@ -2705,6 +2727,59 @@ GRANT EXECUTE ON FUNCTION batonq.maintain() TO batonq_worker;
 -- only after the sweeper's first maintain(); harmless when they already do.
 SELECT batonq.ensure_partitions();
 
+-- engine/leaders.sql
+-- batonq engine: leader election for the sweepers' duties, by a lease in a
+-- row (batonq.leaders). No session state: it works through a transaction
+-- pooler, and a leader's term is bounded by the database's clock alone.
+
+-- Lead p_duty for p_lease_s more seconds: renew the lease p_holder holds,
+-- or take it over once it has run out (or was given up). The fencing token
+-- of the term, NULL while another holds it. A standby reads the row and
+-- writes nothing; two standbys taking over at once queue on the row lock,
+-- and the second sees the first's term (its WHERE is checked again).
+CREATE OR REPLACE FUNCTION batonq.lead(p_duty text, p_holder text, p_lease_s double precision)
+RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+DECLARE
+    v_token bigint;
+    v_until timestamptz := now() + make_interval(secs => p_lease_s);
+BEGIN
+    IF p_lease_s IS NULL OR p_lease_s <= 0 OR p_lease_s > 3600 THEN
+        PERFORM batonq._invalid_argument('lease_s must be over 0 and at most 3600');
+    END IF;
+    UPDATE batonq.leaders l
+       SET token = CASE WHEN l.holder = p_holder THEN l.token ELSE l.token + 1 END,
+           since = CASE WHEN l.holder = p_holder THEN l.since ELSE now() END,
+           holder = p_holder, expires_at = v_until
+     WHERE l.duty = p_duty AND (l.holder = p_holder OR l.expires_at <= now())
+    RETURNING l.token INTO v_token;
+    IF NOT FOUND THEN
+        INSERT INTO batonq.leaders (duty, holder, token, since, expires_at)
+        VALUES (p_duty, p_holder, 1, now(), v_until)
+        ON CONFLICT (duty) DO NOTHING
+        RETURNING token INTO v_token;
+    END IF;
+    RETURN v_token;
+END $$;
+
+-- Give p_duty up (a sweeper that stops): the next standby takes it at its
+-- next look instead of when the lease would have run out.
+CREATE OR REPLACE FUNCTION batonq.resign(p_duty text, p_holder text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off
+BEGIN ATOMIC
+    WITH gone AS (
+        UPDATE batonq.leaders SET expires_at = now()
+         WHERE duty = p_duty AND holder = p_holder AND expires_at > now()
+        RETURNING 1)
+    SELECT EXISTS (SELECT FROM gone);
+END;
+
+REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION batonq.lead(text, text, double precision), batonq.resign(text, text)
+TO batonq_worker;
+
 -- engine/graph.sql
 -- batonq engine: the queue graph. When a task completes, each edge out of its
 -- queue turns the result into the next queue's input (the baton), in the
@@ -3871,6 +3946,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('4709a66ba904c6eb33644f09a1688062b3f7710f87e2de79bfa030aab28044e2');
+INSERT INTO batonq.engine (sha256) VALUES ('87e9d40684943630381bc2299708c86451959de2a52033e06edd953a604bac60');
 
 COMMIT;
