@@ -24,6 +24,10 @@ from tests.mcp_server.support import http_session, text
 
 from batonq.access import DOORS, Door
 from batonq.dashboard.views import router as dashboard_router
+from batonq.mcp.server import build_server
+from batonq.mcp.tools import TOOLS
+from batonq.service import create_app
+from batonq.service.auth import Key, check_doors
 
 ADMIN, OPERATOR, WORKER, OBSERVER = 0, 1, 2, 3
 SCOPED, REVOKED, NO_KEY = "ring 0 scoped to other queues", "revoked", "no key"
@@ -350,3 +354,21 @@ def test_dashboard_refusals_change_nothing_and_hide_what_exists(world: World, wh
             else:
                 continue
             assert snapshot(world.conn) == before, f"{who} {door} changed the database"
+
+
+def test_a_door_without_a_declaration_is_not_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = create_app("postgresql://127.0.0.1/unused")
+
+    @app.get("/v1/undeclared")
+    async def undeclared(access: Key) -> None: ...
+
+    @app.get("/v1/ungated")
+    async def ungated() -> None: ...
+
+    monkeypatch.setitem(DOORS, "GET /v1/ungated", Door(OBSERVER))
+    with pytest.raises(RuntimeError) as refused:
+        check_doors(app)
+    assert "GET /v1/undeclared" in str(refused.value) and "/v1/ungated" in str(refused.value)
+    monkeypatch.setitem(TOOLS, "batonq_undeclared", TOOLS["batonq_queues"])
+    with pytest.raises(RuntimeError, match="mcp batonq_undeclared"):
+        build_server()
