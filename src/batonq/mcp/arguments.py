@@ -45,9 +45,9 @@ class StrictTool(Tool):
     async def run(
         self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
     ) -> Any:
-        # The gate first: a tool is declared in batonq.access.DOORS, or no one may call it.
-        caller_of(context).admit(self.name, arguments.get("action"))
         self.check(arguments)
+        # The gate: a tool is declared in batonq.access.DOORS, or no one may call it.
+        caller_of(context).admit(self.name, arguments.get("action"))
         return await super().run(arguments, context, convert_result=convert_result)
 
     def check(self, arguments: dict[str, Any]) -> None:
