@@ -14,27 +14,35 @@ import math
 import re
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from batonq import models
 from batonq.client import AsyncClient
-from batonq.errors import TaskNotFound
-from batonq.models import Task
-from batonq.rings import ADMIN, OBSERVER, OPERATOR, RINGS, WORKER, covers, scope_regex
+from batonq.errors import KeyNotFound, ScheduleNotFound, TaskNotFound
+from batonq.models import ApiKey, Schedule, Task
+from batonq.rings import ADMIN, OBSERVER, OPERATOR, RINGS, WORKER, contains, covers, scope_regex
 
 __all__ = [
+    "DEFAULT_MAX_STREAMS_PER_KEY",
     "DEFAULT_NEW_QUEUES_PER_HOUR",
+    "DOORS",
     "Access",
+    "Door",
     "FailedAuth",
     "NewQueues",
+    "OpenPerKey",
     "Refused",
+    "admit",
     "authenticate",
     "authenticate_from",
+    "managed_keys",
     "queue_of",
     "queue_page",
+    "visible_key",
+    "visible_schedule",
     "visible_task",
 ]
 
@@ -82,6 +90,36 @@ class Access:
         if self.ring > ring:
             raise Refused(403, "forbidden", f"this needs a key of ring {ring} ({RINGS[ring]}) or stronger")
 
+    def check_edge(self, from_queue: str, to_queue: str) -> None:
+        """403 unless the key covers both ends of an edge (to add it or to remove it)."""
+        self.check_queue(from_queue)
+        self.check_queue(to_queue)
+
+    def check_schedule_name(self, name: str, taken_on: str | None = None) -> None:
+        """403 unless the key may add (or replace) schedule ``name``, which
+        is ``taken_on`` that queue if it exists: the key's scopes must cover
+        the name as they cover a queue's (names are one namespace for all
+        keys, so a scoped key keeps to its own part of it, and whether a
+        name outside it is taken is never told), and the queue of the
+        schedule it replaces."""
+        if not self.covers(name) or (taken_on is not None and not self.covers(taken_on)):
+            raise Refused(403, "forbidden", f"this key may not name a schedule {name!r}")
+
+    def manages(self, ring: int, queues: Iterable[str]) -> bool:
+        """Whether this key may create, list or revoke a key of ``ring`` and
+        ``queues``: no stronger than itself (ring number at least its own),
+        and every pattern inside its own scopes (``batonq.rings.contains``)."""
+        return ring >= self.ring and all(contains(self.queues, pattern) for pattern in queues)
+
+    def check_manages(self, ring: int, queues: Iterable[str]) -> None:
+        """403 unless the key may create a key of ``ring`` and ``queues``."""
+        queues = list(queues)
+        if ring < self.ring:
+            raise Refused(403, "forbidden", f"this key may not create a key stronger than ring {self.ring}")
+        outside = [q for q in queues if not contains(self.queues, q)]
+        if outside:
+            raise Refused(403, "forbidden", f"this key may not create a key for queues {', '.join(outside)}")
+
     def check_token(self, lease_token: str) -> str:
         """The queue ``lease_token`` names (``queue/task/fence/secret``),
         which the key must cover; 400 for a token that names none."""
@@ -91,6 +129,130 @@ class Access:
         queue = queue_of(lease_token)
         self.check_queue(queue)
         return queue
+
+
+@dataclass(frozen=True, slots=True)
+class Door:
+    """What one HTTP route, MCP tool or dashboard action needs: the ring
+    (None: no key, a public page), and what it touches, each checked
+    against the key's scopes by this module: ``queues`` named in the
+    request, ``tasks`` by id (``visible_task``), ``keys`` (``visible_key``,
+    ``Access.manages``), ``schedules`` (``visible_schedule``), ``edges``
+    (``Access.check_edge``). ``actions`` names the actions that need a
+    stronger ring than ``ring``."""
+
+    ring: int | None
+    touches: tuple[str, ...] = ()
+    actions: tuple[tuple[str, int], ...] = ()
+
+    def ring_for(self, action: object = None) -> int | None:
+        return dict(self.actions).get(str(action), self.ring)
+
+
+_PUBLIC = Door(None)
+_ANY_KEY = Door(OBSERVER)
+
+DOORS: dict[str, Door] = {
+    # HTTP /v1: work (ring 2)
+    "POST /v1/enqueue": Door(WORKER, ("queues", "tasks")),
+    "POST /v1/claim": Door(WORKER, ("queues",)),
+    "GET /v1/stream": Door(WORKER, ("queues",)),
+    "POST /v1/heartbeat": Door(WORKER, ("tasks",)),
+    "POST /v1/submit": Door(WORKER, ("tasks",)),
+    "POST /v1/fail": Door(WORKER, ("tasks",)),
+    "POST /v1/release": Door(WORKER, ("tasks",)),
+    # reads (ring 3)
+    "GET /v1/queues": Door(OBSERVER, ("queues",)),
+    "GET /v1/queues/{queue}/settings": Door(OBSERVER, ("queues",)),
+    "GET /v1/tasks": Door(OBSERVER, ("queues",)),
+    "GET /v1/tasks/{task_id}": Door(OBSERVER, ("tasks",)),
+    "GET /v1/runs/{root_id}": Door(OBSERVER, ("tasks",)),
+    "GET /v1/graph": Door(OBSERVER, ("edges",)),
+    "GET /v1/schedules": Door(OBSERVER, ("schedules",)),
+    # operating (ring 1) and administering (ring 0)
+    "POST /v1/tasks/{task_id}/{action}": Door(OPERATOR, ("tasks",)),
+    "POST /v1/schedules/{name}/{action}": Door(OPERATOR, ("schedules",)),
+    "PATCH /v1/queues/{queue}": Door(ADMIN, ("queues",)),
+    "POST /v1/graph/edges": Door(ADMIN, ("edges",)),
+    "DELETE /v1/graph/edges/{from_queue}/{to_queue}": Door(ADMIN, ("edges",)),
+    "GET /v1/keys": Door(ADMIN, ("keys",)),
+    "POST /v1/keys": Door(ADMIN, ("keys",)),
+    "DELETE /v1/keys/{key_id}": Door(ADMIN, ("keys",)),
+    "POST /v1/schedules": Door(ADMIN, ("schedules", "queues")),
+    "DELETE /v1/schedules/{name}": Door(ADMIN, ("schedules",)),
+    "GET /v1/audit": Door(ADMIN, ("queues", "schedules")),
+    # pages with no key
+    "GET /": _PUBLIC,
+    "GET /healthz": _PUBLIC,
+    "GET /readyz": _PUBLIC,
+    "GET /metrics": _PUBLIC,
+    "GET /llms.txt": _PUBLIC,
+    "GET /.well-known/agent-card.json": _PUBLIC,
+    "GET /.well-known/mcp.json": _PUBLIC,
+    "GET /.well-known/mcp/server-card.json": _PUBLIC,
+    "GET /openapi.json": _PUBLIC,
+    "GET /docs": _PUBLIC,
+    "GET /docs/static": _PUBLIC,  # Swagger UI's script and style
+    # MCP over HTTP: any key reaches the server; each tool is a door of its own
+    "GET /mcp": _ANY_KEY,
+    "POST /mcp": _ANY_KEY,
+    "DELETE /mcp": _ANY_KEY,
+    "mcp batonq_enqueue": Door(WORKER, ("queues", "tasks")),
+    "mcp batonq_claim": Door(WORKER, ("queues",)),
+    "mcp batonq_heartbeat": Door(WORKER, ("tasks",)),
+    "mcp batonq_complete": Door(WORKER, ("tasks",)),
+    "mcp batonq_fail": Door(WORKER, ("tasks",)),
+    "mcp batonq_run": Door(WORKER, ("queues", "tasks")),
+    "mcp batonq_tasks": Door(OBSERVER, ("queues",)),
+    "mcp batonq_queues": Door(OBSERVER, ("queues", "schedules")),
+    "mcp batonq_schedule": Door(
+        OPERATOR, ("schedules", "queues"), actions=(("add", ADMIN), ("remove", ADMIN))
+    ),
+    "mcp tasks/get": Door(OBSERVER, ("tasks",)),
+    "mcp tasks/update": Door(OBSERVER, ("tasks",)),
+    "mcp tasks/cancel": Door(OPERATOR, ("tasks",)),
+    # the dashboard: signing in and out, pages (any key), actions (ring 1)
+    "GET /ui/static": _PUBLIC,
+    "GET /ui/login": _PUBLIC,
+    "POST /ui/login": _PUBLIC,
+    "POST /ui/logout": _PUBLIC,
+    "GET /ui": Door(OBSERVER, ("queues",)),
+    "GET /ui/queues/rows": Door(OBSERVER, ("queues",)),
+    "GET /ui/tasks": Door(OBSERVER, ("queues",)),
+    "GET /ui/tasks/{task_id}": Door(OBSERVER, ("tasks",)),
+    "GET /ui/dead": Door(OBSERVER, ("queues",)),
+    "GET /ui/graph": Door(OBSERVER, ("edges",)),
+    "GET /ui/workers": Door(OBSERVER, ("queues",)),
+    "POST /ui/tasks/{task_id}/{action}": Door(OPERATOR, ("tasks",)),
+    "POST /ui/dead/retry": Door(OPERATOR, ("queues", "tasks")),
+}
+"""Every door into batonq that a key opens, by ``METHOD /path`` (HTTP
+routes and dashboard pages, as routed) or ``mcp TOOL`` (MCP tools and
+methods). A route or tool without an entry is not served: the HTTP app
+and the MCP server refuse to start (``undeclared``)."""
+
+
+def door(name: str) -> Door:
+    """The declaration of door ``name``; a door without one is a bug, and
+    nobody may pass it."""
+    found = DOORS.get(name)
+    if found is None:
+        raise LookupError(f"{name} has no declaration in batonq.access.DOORS")
+    return found
+
+
+def undeclared(names: Iterable[str]) -> list[str]:
+    """The doors among ``names`` that have no declaration."""
+    return sorted(set(names) - set(DOORS))
+
+
+def admit(access: Access, name: str, action: object = None) -> None:
+    """The gate: 403 unless ``access`` may pass door ``name`` (for
+    ``action``). What the door touches is then checked on each object with
+    this module's ``visible_*`` and ``Access.check_*``."""
+    needed = door(name).ring_for(action)
+    if needed is not None:
+        access.check_ring(needed)
 
 
 def queue_of(lease_token: str) -> str:
@@ -235,6 +397,29 @@ async def visible_task(client: AsyncClient, access: Access, task_id: int | str) 
     return task
 
 
+async def visible_schedule(client: AsyncClient, access: Access, name: str) -> Schedule:
+    """The schedule, if the key covers its queue; otherwise it does not
+    exist: the same 404 as for a name nobody has."""
+    found = await client.schedule(name)
+    if found is not None and access.covers(found.queue):
+        return found
+    raise ScheduleNotFound(f"schedule {name} does not exist", schedule=name)
+
+
+async def managed_keys(client: AsyncClient, access: Access) -> list[ApiKey]:
+    """The keys ``access`` may see and revoke (``Access.manages``)."""
+    return [k for k in await client.keys() if access.manages(k.ring, k.queues)]
+
+
+async def visible_key(client: AsyncClient, access: Access, key_id: int) -> ApiKey:
+    """The key, if ``access`` manages it; otherwise it does not exist: the
+    same 404, word for word, as for an id nobody has."""
+    for key in await managed_keys(client, access):
+        if key.id == key_id:
+            return key
+    raise KeyNotFound(f"key {key_id} not found", key_id=key_id)
+
+
 DEFAULT_NEW_QUEUES_PER_HOUR = 100
 _HOUR_S = 3600.0
 
@@ -277,3 +462,42 @@ class NewQueues:
             )  # fmt: skip
         made.extend([now] * len(new))
         self._known |= new
+
+
+DEFAULT_MAX_STREAMS_PER_KEY = 100
+_RETRY_OPEN_S = 5
+
+
+class OpenPerKey:
+    """At most ``limit`` long-lived requests open at once per key, in this
+    process, whatever their door: HTTP event streams and long-poll claims,
+    MCP claims and runs that wait. One more is refused with 429 and
+    Retry-After. One counter per process, shared by /v1 and /mcp."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: Counter[int] = Counter()
+
+    def hold(self, key_id: int) -> Callable[[], None]:
+        """Count one more open for ``key_id``; call what it returns (once or
+        more) when it closes."""
+        if self._open[key_id] >= self.limit:
+            raise Refused(
+                429, "too_many_streams",
+                f"this key has {self.limit} streams and long-poll claims open (HTTP and MCP), "
+                "the most it may: "
+                "close one, or retry later",
+                headers={"Retry-After": str(_RETRY_OPEN_S)},
+            )  # fmt: skip
+        self._open[key_id] += 1
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self._open[key_id] -= 1
+                if self._open[key_id] <= 0:
+                    del self._open[key_id]
+
+        return release

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 
-__all__ = ["ADMIN", "OBSERVER", "OPERATOR", "RINGS", "WORKER", "covers", "scope_regex"]
+__all__ = ["ADMIN", "OBSERVER", "OPERATOR", "RINGS", "WORKER", "contains", "covers", "scope_regex"]
 
 ADMIN, OPERATOR, WORKER, OBSERVER = 0, 1, 2, 3
 RINGS = {ADMIN: "admin", OPERATOR: "operator", WORKER: "worker", OBSERVER: "observer"}
@@ -17,6 +17,28 @@ RINGS = {ADMIN: "admin", OPERATOR: "operator", WORKER: "worker", OBSERVER: "obse
 def covers(patterns: Iterable[str], queue: str) -> bool:
     """Whether any of a key's queue patterns (``shop:*``) matches ``queue``."""
     return any(fnmatchcase(queue, pattern) for pattern in patterns)
+
+
+_WILD = frozenset("*?[")
+
+
+def contains(patterns: Iterable[str], pattern: str) -> bool:
+    """Whether every queue name ``pattern`` matches is matched by one of
+    ``patterns`` (a key's scopes): so a key made with ``pattern`` reaches
+    nothing its maker could not. Decided without enumerating names, and
+    only in cases that are plainly right, otherwise refused: ``pattern``
+    is inside ``p`` when ``p`` is ``*``; when both are the same text; when
+    ``pattern`` is a plain name that ``p`` matches; or when ``p`` is a plain
+    prefix and ``*`` (``shop:*``) and ``pattern`` starts with that prefix
+    (``shop:eu:*``, ``shop:q?``)."""
+    literal = not _WILD.intersection(pattern)
+    for p in patterns:
+        prefix = p[:-1]
+        if p == "*" or p == pattern or (literal and fnmatchcase(pattern, p)):
+            return True
+        if p.endswith("*") and not _WILD.intersection(prefix) and pattern.startswith(prefix):
+            return True
+    return False
 
 
 def scope_regex(pattern: str) -> str:

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from batonq.dashboard import mount as mount_dashboard
 from batonq.mcp.http import mount as mount_mcp
 from batonq.service import create_app
+from batonq.service.auth import check_doors
 
 __all__ = ["create_server"]
 
@@ -20,4 +21,5 @@ def create_server(dsn: str, **options: Any) -> FastAPI:
     app = create_app(dsn, **options)
     mount_mcp(app)
     mount_dashboard(app)
+    check_doors(app)  # every route declared in batonq.access.DOORS
     return app

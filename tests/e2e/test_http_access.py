@@ -308,3 +308,75 @@ def test_a_parent_outside_the_keys_scopes_does_not_exist(
         assert [c["payload"] for c in children] == [2], "nothing else was enqueued"
     run = shared_http.get(f"/v1/runs/{secret}").json()
     assert (run["status"], run["tasks"]) == ("running", 1)
+
+
+def _error_shape(response: httpx.Response, *names: str) -> tuple[int, str]:
+    """The status and error body with the names in it blanked: what a caller
+    can tell two answers apart by."""
+    return response.status_code, _without(response.json(), *names)
+
+
+def test_a_scoped_admin_manages_only_keys_inside_its_scopes(
+    shared_server: LiveServer, shared_http: httpx.Client
+) -> None:
+    secret_id, secret_key = new_key(shared_http, OBSERVER, ["secret:*"])
+    _, shop_key = new_key(shared_http, ADMIN, ["shop:*"])
+    with shared_server.http(shop_key) as shop:
+        for ring, queues in ((ADMIN, ["*"]), (WORKER, ["secret:*"]), (WORKER, ["shop:*", "s*"]),
+                             (WORKER, ["sho?:*"]), (WORKER, ["[s]hop:*"])):  # fmt: skip
+            made = shop.post("/v1/keys", json={"ring": ring, "queues": queues})
+            problem(made, 403, "forbidden")
+        made = shop.post("/v1/keys", json={"ring": WORKER, "queues": ["shop:eu:*", "shop:orders"]})
+        assert made.status_code == 201, made.text
+        listed = shop.get("/v1/keys").json()["keys"]
+        assert listed and all(k["queues"] and all(q.startswith("shop:") for q in k["queues"]) for k in listed)
+        assert made.json()["id"] in [k["id"] for k in listed]
+        assert secret_id not in [k["id"] for k in listed]
+        foreign, missing = shop.delete(f"/v1/keys/{secret_id}"), shop.delete("/v1/keys/999999999")
+        problem(foreign, 404, "key_not_found")
+        assert _error_shape(foreign, str(secret_id)) == _error_shape(missing, "999999999")
+    with shared_server.http(secret_key) as secret:
+        assert secret.get("/v1/queues").status_code == 200, "the secret key was not revoked"
+
+
+def test_a_scoped_admin_cannot_tell_a_foreign_schedule_from_a_missing_one(
+    shared_server: LiveServer, shared_http: httpx.Client
+) -> None:
+    for name in ("payroll-nightly", "shop:taken"):
+        schedule = {"name": name, "cron": "0 3 * * *", "queue": "secret:pay"}
+        added = shared_http.post("/v1/schedules", json=schedule)
+        assert added.status_code == 200, added.text
+    _, shop_key = new_key(shared_http, ADMIN, ["shop:*"])
+    with shared_server.http(shop_key) as shop:
+
+        def add(name: str) -> httpx.Response:
+            return shop.post("/v1/schedules", json={"name": name, "cron": "* * * * *", "queue": "shop:q"})
+
+        # Outside the key's names, taken or free: the same refusal.
+        taken, free = add("payroll-nightly"), add("payroll-free")
+        problem(taken, 403, "forbidden")
+        assert _error_shape(taken, "payroll-nightly") == _error_shape(free, "payroll-free")
+        # Within them but taken on a queue it does not cover: refused the same way.
+        assert _error_shape(add("shop:taken"), "shop:taken") == _error_shape(free, "payroll-free")
+        assert add("shop:mine").status_code == 200
+        for method, path in (("DELETE", "/v1/schedules/{}"), ("POST", "/v1/schedules/{}/pause")):
+            foreign = shop.request(method, path.format("payroll-nightly"))
+            missing = shop.request(method, path.format("no-such-schedule"))
+            problem(foreign, 404, "schedule_not_found")
+            assert _error_shape(foreign, "payroll-nightly") == _error_shape(missing, "no-such-schedule")
+    kept = {s["name"]: s for s in shared_http.get("/v1/schedules").json()["schedules"]}
+    assert kept["payroll-nightly"]["queue"] == kept["shop:taken"]["queue"] == "secret:pay"
+    assert not kept["payroll-nightly"]["paused"]
+
+
+def test_a_scoped_admin_removes_only_edges_it_may_add(
+    shared_server: LiveServer, shared_http: httpx.Client
+) -> None:
+    edge = {"from_queue": "shop:orders", "to_queue": "billing:in"}
+    assert shared_http.post("/v1/graph/edges", json=edge).status_code == 200
+    _, shop_key = new_key(shared_http, ADMIN, ["shop:*"])
+    with shared_server.http(shop_key) as shop:
+        problem(shop.post("/v1/graph/edges", json=edge), 403, "forbidden")
+        problem(shop.delete("/v1/graph/edges/shop:orders/billing:in"), 403, "forbidden")
+    edges = shared_http.get("/v1/graph").json()["edges"]
+    assert [e for e in edges if (e["from_queue"], e["to_queue"]) == ("shop:orders", "billing:in")]

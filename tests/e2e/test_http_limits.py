@@ -4,6 +4,7 @@ announce streams and /metrics do, which does not grow with their number."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from tests.e2e.conftest import KEEPALIVE_S, Serve
 from tests.e2e.live import LiveServer, Subscriber, claim_one, enqueue, new_key, problem
+from tests.mcp_server.support import call, http_session, refused, text
 from tests.waiting import wait_for
 
 SUBSCRIBERS = 40
@@ -161,6 +163,48 @@ def test_a_key_holds_a_bounded_number_of_streams_and_long_polls(serve: Serve) ->
     finally:
         for stream in streams:
             stream.close()
+
+
+async def test_mcp_waits_are_held_open_under_the_same_per_key_limit(serve: Serve) -> None:
+    """One count of a key's long-lived requests, whatever the door: with the
+    limit taken by /v1 streams, MCP claims and runs that would wait are
+    refused (a run before it enqueues anything); an MCP wait holds a slot
+    that a /v1 stream then cannot take."""
+    server: LiveServer = serve("--max-streams-per-key", "2")
+    assert server.admin_key
+    with server.http(server.admin_key) as admin:
+        _, key = new_key(admin, 2)
+    streams = [Subscriber(server, key, "/v1/stream?queue=limits:mcp") for _ in range(2)]
+    try:
+        for stream in streams:
+            stream.next(":", timeout=20, data="ready")
+        async with http_session(f"{server.url}/mcp", key) as session:
+            for tool, arguments in (("batonq_claim", {}), ("batonq_run", {"payload": {"n": 1}})):
+                message = await refused(session, tool, queue="limits:mcp", wait_seconds=5, **arguments)
+                assert "too_many_streams: this key has 2 streams and long-poll claims open" in message
+            # A call that does not wait holds nothing.
+            assert (await call(session, "batonq_claim", queue="limits:mcp"))["task"] is None
+    finally:
+        for stream in streams:
+            stream.close()
+    with server.http(server.admin_key) as admin:
+        assert admin.get("/v1/tasks", params={"queue": "limits:mcp"}).json()["tasks"] == []
+    async with http_session(f"{server.url}/mcp", key) as session:
+        waiting = [asyncio.create_task(session.call_tool("batonq_claim", {"queue": "limits:mcp2",
+                                                                          "wait_seconds": 30}))
+                   for _ in range(2)]  # fmt: skip
+        with server.http(key) as http:
+
+            def stream_refused() -> httpx.Response | None:
+                with http.stream("GET", "/v1/stream", params={"queue": "limits:mcp2"}) as response:
+                    return response if response.status_code == 429 and response.read() else None
+
+            await asyncio.to_thread(wait_for, stream_refused, timeout=30, what="a stream refused")
+        with server.http(server.admin_key) as admin:
+            enqueue(admin, "limits:mcp2", 1)
+            enqueue(admin, "limits:mcp2", 2)
+        for answer in await asyncio.gather(*waiting):
+            assert not answer.is_error, text(answer)
 
 
 def test_a_worker_key_creates_a_bounded_number_of_queues(serve: Serve) -> None:

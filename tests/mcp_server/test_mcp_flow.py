@@ -40,9 +40,11 @@ async def test_another_queues_schedule_is_not_shown_to_exist(admin: batonq.Clien
         for action in ("pause", "resume", "remove"):
             message = await refused(session, "batonq_schedule", action=action, name="hidden")
             assert "schedule hidden does not exist" in message and "private" not in message
-        args = {"action": "add", "name": "hidden", "cron": "* * * * *", "queue": "shop:q"}
-        message = await refused(session, "batonq_schedule", **args)
-        assert message.endswith("forbidden: this key may not replace schedule 'hidden'")
+        # A name outside the key's scopes is refused whether it is taken or not.
+        for name in ("hidden", "free"):
+            args = {"action": "add", "name": name, "cron": "* * * * *", "queue": "shop:q"}
+            message = await refused(session, "batonq_schedule", **args)
+            assert message.endswith(f"forbidden: this key may not name a schedule '{name}'")
     assert [s.queue for s in admin.schedules()] == ["private:q"]
 
 

@@ -3,6 +3,8 @@
 What a key sees and may do follows its ring and queue scopes exactly as the
 API: reads need any key and show only queues its scopes cover (a task
 outside them does not exist); actions need ring 1 (operator) or stronger.
+Each page and action is declared in ``batonq.access.DOORS`` and passes its
+gate (``admit``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from batonq import errors
-from batonq.access import Refused, visible_task
+from batonq.access import Refused, admit, door, visible_task
 from batonq.dashboard import layout
 from batonq.dashboard.session import (
     FLASH_COOKIE,
@@ -131,10 +133,16 @@ class NotSignedIn(Exception):
     """Raised by the ``Reader`` dependency; answered by ``to_login``."""
 
 
+def _door(request: Request) -> str:
+    """The page's or action's name in ``batonq.access.DOORS``."""
+    return f"{request.method} {request.scope['route'].path}"
+
+
 async def _signed_in(request: Request) -> Session:
     session = await current(request)
     if session is None:
         raise NotSignedIn()
+    admit(session.access, _door(request))
     return session
 
 
@@ -346,9 +354,15 @@ async def _may_act(request: Request, session: Session | None) -> Response | None
     """None when the request may change tasks; else the refusal."""
     if session is None:
         return _page(request, None, "error.html", status=401, message="Sign in first.")
-    if not session.can_operate:
-        ring = session.access.ring
-        message = f"Your key is of ring {ring} ({RINGS[ring]}); this needs ring 1 (operator) or stronger."
+    try:
+        admit(session.access, _door(request))
+    except Refused:
+        ring, needed = session.access.ring, door(_door(request)).ring
+        assert needed is not None
+        message = (
+            f"Your key is of ring {ring} ({RINGS[ring]}); this needs ring {needed} ({RINGS[needed]}) "
+            "or stronger."
+        )
         return _page(request, session, "error.html", status=403, message=message)
     if not await check_csrf(request, session):
         return _page(request, session, "error.html", status=403, message="This form is out of date: reload.")

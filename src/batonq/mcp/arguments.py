@@ -20,6 +20,8 @@ from pydantic import AliasChoices, BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
+from batonq.mcp.caller import caller_of
+
 __all__ = ["StrictTool"]
 
 _KINDS = {
@@ -44,6 +46,8 @@ class StrictTool(Tool):
         self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
     ) -> Any:
         self.check(arguments)
+        # The gate: a tool is declared in batonq.access.DOORS, or no one may call it.
+        caller_of(context).admit(self.name, arguments.get("action"))
         return await super().run(arguments, context, convert_result=convert_result)
 
     def check(self, arguments: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ request's ASGI scope, where the tools find it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,7 +19,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from batonq.access import Access, NewQueues, Refused
+from batonq.access import Access, NewQueues, OpenPerKey, Refused, admit, door
 from batonq.client import AsyncClient
 from batonq.rings import RINGS
 
@@ -35,6 +37,9 @@ class Caller:
     new_queues: NewQueues | None = None
     """Where a key's new queues are counted (as the service counts them);
     None for an MCP server started without a key."""
+    open_per_key: OpenPerKey | None = None
+    """Where a key's waiting calls are counted, with the service's streams
+    and long-poll claims; None for an MCP server started without a key."""
 
     def read_only(self) -> Caller:
         return replace(self, access=self.access.read_only())
@@ -67,13 +72,40 @@ class Caller:
         except Refused as refused:
             raise self._tool_error(refused) from None
 
-    def check_write(self, tool: str) -> None:
-        if not self.access.can_write:
+    def admit(self, tool: str, action: object = None) -> None:
+        """The gate (``batonq.access.admit``) for tool ``tool``, as declared
+        in ``batonq.access.DOORS``."""
+        name = f"mcp {tool}"
+        try:
+            admit(self.access, name, action)
+        except Refused:
+            declared = door(name)
+            needed = declared.ring_for(action)
+            assert needed is not None
+            wanted = f"a key of ring {needed} ({RINGS[needed]}) or stronger"
+            if declared.actions:
+                raise ToolError(f"forbidden: {action} of a schedule needs {wanted}") from None
             raise ToolError(
                 f"forbidden: {tool} writes, and this connection is read-only "
-                f"(ring {self.access.ring}, {RINGS.get(self.access.ring, '?')}); it needs a key of ring 2 "
-                "(worker) or stronger"
-            )
+                f"(ring {self.access.ring}, {RINGS.get(self.access.ring, '?')}); it needs {wanted}"
+            ) from None
+
+    @contextlib.contextmanager
+    def held_open(self, waits: bool) -> Iterator[None]:
+        """Count a call that ``waits`` as one of the key's long-lived
+        requests (``batonq.access.OpenPerKey``) while it runs."""
+        if not waits or self.open_per_key is None:
+            yield
+            return
+        try:
+            release = self.open_per_key.hold(self.access.key_id)
+        except Refused as refused:
+            wait_s = (refused.headers or {}).get("Retry-After", "?")
+            raise ToolError(f"{refused.code}: {refused.message} (retry in {wait_s} s)") from None
+        try:
+            yield
+        finally:
+            release()
 
 
 def find_caller(request_context: ServerRequestContext[Any, Any]) -> Caller | None:

@@ -46,7 +46,8 @@ class _Authenticated:
         except Refused as error:
             await _refuse(send, error)
             return
-        caller = Caller(client, access, f"mcp:key-{access.key_id}", self.app.state.new_queues)
+        state = self.app.state
+        caller = Caller(client, access, f"mcp:key-{access.key_id}", state.new_queues, state.open_per_key)
         await self.manager.handle_request({**scope, SCOPE_KEY: caller}, receive, send)
 
 

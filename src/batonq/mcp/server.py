@@ -19,7 +19,15 @@ from mcp.shared.message import SessionMessage
 from mcp_types import INVALID_REQUEST, PARSE_ERROR, CallToolResult, ErrorData, JSONRPCError
 from pydantic import ValidationError
 
-from batonq.access import DEFAULT_NEW_QUEUES_PER_HOUR, NewQueues, Refused, authenticate
+from batonq.access import (
+    DEFAULT_MAX_STREAMS_PER_KEY,
+    DEFAULT_NEW_QUEUES_PER_HOUR,
+    NewQueues,
+    OpenPerKey,
+    Refused,
+    authenticate,
+    undeclared,
+)
 from batonq.client import AsyncClient
 from batonq.mcp.arguments import StrictTool
 from batonq.mcp.caller import Caller, find_caller
@@ -70,6 +78,9 @@ def build_server(fixed: Caller | None = None) -> MCPServer[Any]:
         async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Caller]:
             yield fixed
 
+    missing = undeclared(f"mcp {name}" for name in TOOLS)
+    if missing:
+        raise RuntimeError(f"MCP tools not declared in batonq.access.DOORS: {missing}")
     tools = {
         name: StrictTool.strict(
             spec.fn,
@@ -135,7 +146,8 @@ async def stdio_access(client: AsyncClient, *, read_only: bool, key: str | None)
         except Refused as error:
             raise PermissionError(error.message) from None
         new_queues = NewQueues(client, DEFAULT_NEW_QUEUES_PER_HOUR)  # as `batonq serve` counts them
-        caller = Caller(client, access, _worker_name(access.key_id), new_queues)
+        waiting = OpenPerKey(DEFAULT_MAX_STREAMS_PER_KEY)  # as `batonq serve` counts them
+        caller = Caller(client, access, _worker_name(access.key_id), new_queues, waiting)
     return caller.read_only() if read_only else caller
 
 

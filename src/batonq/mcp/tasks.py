@@ -32,9 +32,10 @@ from mcp_types.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from batonq import errors
+from batonq.access import Refused, admit
 from batonq.mcp.caller import Caller, find_caller
 from batonq.models import Task, task_ref
-from batonq.rings import OPERATOR, RINGS
+from batonq.rings import RINGS
 from batonq.schemas import TaskOut
 
 __all__ = ["EXTENSION", "POLL_INTERVAL_MS", "Tasks", "handle", "speaks_tasks"]
@@ -143,12 +144,14 @@ class Tasks(Extension):
         require_client_extension(ctx, EXTENSION)
         task = await _visible(ctx, params.task_id)
         caller = _caller(ctx)
-        if caller.access.ring > OPERATOR:
+        try:
+            admit(caller.access, "mcp tasks/cancel")
+        except Refused:
             raise MCPError(
                 code=INVALID_REQUEST,
                 message=f"forbidden: cancelling a task needs a key of ring 1 (operator) or stronger; "
                 f"this one is ring {caller.access.ring} ({RINGS.get(caller.access.ring, '?')})",
-            )
+            ) from None
         try:
             await caller.client.cancel(task.id)
         except errors.InvalidState:

@@ -23,7 +23,7 @@ from mcp_types import ToolAnnotations
 from pydantic import AliasChoices, BaseModel, Field
 
 from batonq import errors
-from batonq.access import queue_page, visible_task
+from batonq.access import Refused, queue_page, visible_schedule, visible_task
 from batonq.limits import (
     MAX_ATTEMPTS,
     MAX_DELAY_S,
@@ -37,7 +37,6 @@ from batonq.limits import (
 from batonq.mcp.caller import Caller, caller_of
 from batonq.mcp.tasks import speaks_tasks
 from batonq.models import FINISHED_STATES, Enqueued, Lease, Submitted, task_ref
-from batonq.rings import ADMIN, OPERATOR, RINGS
 from batonq.schemas import (
     EnqueueOut,
     Missed,
@@ -301,7 +300,7 @@ async def batonq_enqueue(
 ) -> EnqueueOut:
     caller = caller_of(ctx)
     made = await _enqueue(
-        caller, "batonq_enqueue", queue, payload, idempotency_key, priority, delay_seconds, max_attempts,
+        caller, queue, payload, idempotency_key, priority, delay_seconds, max_attempts,
         parent, group, debounce_key=debounce_key, debounce_s=debounce_seconds, max_wait_s=max_wait_seconds,
         keep=keep,
     )  # fmt: skip
@@ -310,7 +309,6 @@ async def batonq_enqueue(
 
 async def _enqueue(
     caller: Caller,
-    tool: str,
     queue: str,
     payload: Any,
     idempotency_key: str | None,
@@ -321,7 +319,6 @@ async def _enqueue(
     group: str | None,
     **debounce: Any,
 ) -> Enqueued:
-    caller.check_write(tool)
     caller.check_queue(queue)
     _storable(payload=payload, idempotency_key=idempotency_key, parent=parent, group=group, **debounce)
     with _as_tool_errors():
@@ -347,9 +344,8 @@ async def batonq_claim(
     wait_seconds: WaitSeconds = 0,
 ) -> ClaimOut:
     caller = caller_of(ctx)
-    caller.check_write("batonq_claim")
     caller.check_queue(queue)
-    with _as_tool_errors():
+    with caller.held_open(wait_seconds > 0), _as_tool_errors():
         # The key is recorded on the lease, as the HTTP claim does: its
         # set-aside writes name it (no key: 0, a server started without one).
         leases = await caller.client.claim(
@@ -370,7 +366,6 @@ async def batonq_heartbeat(
     ] = None,
 ) -> SubmitOut:
     caller = caller_of(ctx)
-    caller.check_write("batonq_heartbeat")
     caller.check_token(lease_token)
     _storable(lease_token=lease_token, stage=stage)
     with _as_tool_errors():
@@ -384,7 +379,6 @@ async def batonq_complete(
     result: Annotated[Any, Field(description="The task's output: any JSON value (at most 128 KiB).")] = None,
 ) -> SubmitOut:
     caller = caller_of(ctx)
-    caller.check_write("batonq_complete")
     caller.check_token(lease_token)
     _storable(lease_token=lease_token, result=result)
     with _as_tool_errors():
@@ -411,7 +405,6 @@ async def batonq_fail(
     ] = True,
 ) -> SubmitOut:
     caller = caller_of(ctx)
-    caller.check_write("batonq_fail")
     caller.check_token(lease_token)
     _storable(lease_token=lease_token, error=error)
     with _as_tool_errors():
@@ -492,20 +485,18 @@ async def batonq_schedule(
         Field(description="For add: ticks missed while no sweeper ran make one task (fire-once) or none."),
     ] = "fire-once",
 ) -> ScheduleChange:
-    caller = caller_of(ctx)
-    needed = ADMIN if action in ("add", "remove") else OPERATOR
-    if caller.access.ring > needed:
-        raise ToolError(
-            f"forbidden: {action} of a schedule needs a key of ring {needed} ({RINGS[needed]}) or stronger"
-        )
+    caller = caller_of(ctx)  # its ring for the action: passed at the gate (StrictTool.run)
     client = caller.client
     with _as_tool_errors():
-        found = await client.schedule(name)
-        if found is not None and not caller.access.covers(found.queue):
-            # As over HTTP: another queue's schedule is not shown to exist.
-            if action == "add":
-                raise ToolError(f"forbidden: this key may not replace schedule {name!r}")
-            raise errors.ScheduleNotFound(f"schedule {name} does not exist")
+        if action == "add":
+            # As over HTTP: a name within the key's scopes, whether taken or not.
+            found = await client.schedule(name)
+            try:
+                caller.access.check_schedule_name(name, found.queue if found is not None else None)
+            except Refused as refused:
+                raise ToolError(f"{refused.code}: {refused.message}") from None
+        else:
+            await visible_schedule(client, caller.access, name)
         actor = f"key:{caller.access.key_id}" if caller.access.key_id else f"mcp:{caller.worker}"
         if action == "add":
             if cron is None or queue is None:
@@ -548,18 +539,26 @@ async def batonq_run(
     ] = 0,
 ) -> TaskOut:
     caller = caller_of(ctx)
-    made = await _enqueue(
-        caller, "batonq_run", queue, payload, idempotency_key, priority, delay_seconds, max_attempts, parent,
-        group,
-    )
+    # A client that speaks MCP tasks gets a task handle now and polls it
+    # (batonq.mcp.tasks); any other waits here, as long as it asked to, held
+    # open as one of the key's long-lived requests (before anything is enqueued).
+    wait_s = 0 if speaks_tasks(ctx.request_context) else wait_seconds
+    with caller.held_open(wait_s > 0):
+        made = await _enqueue(
+            caller, queue, payload, idempotency_key, priority, delay_seconds, max_attempts,
+            parent, group,
+        )  # fmt: skip
+        return await _follow(caller, made.task_id, wait_s)
+
+
+async def _follow(caller: Caller, task_id: int, wait_s: float) -> TaskOut:
+    """The task once it finished, or after ``wait_s``."""
     with _as_tool_errors():
-        task = await caller.client.task(made.task_id)
-        # A client that speaks MCP tasks gets a task handle now and polls it
-        # (batonq.mcp.tasks); any other waits here, as long as it asked to.
-        deadline = time.monotonic() + (0 if speaks_tasks(ctx.request_context) else wait_seconds)
+        task = await caller.client.task(task_id)
+        deadline = time.monotonic() + wait_s
         while task.state not in FINISHED_STATES and (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(left, RUN_POLL_S))
-            task = await caller.client.task(made.task_id)
+            task = await caller.client.task(task_id)
     return TaskOut.of(task)
 
 

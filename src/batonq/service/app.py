@@ -17,10 +17,16 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from batonq.access import DEFAULT_NEW_QUEUES_PER_HOUR, FailedAuth, NewQueues
+from batonq.access import (
+    DEFAULT_MAX_STREAMS_PER_KEY,
+    DEFAULT_NEW_QUEUES_PER_HOUR,
+    FailedAuth,
+    NewQueues,
+    OpenPerKey,
+)
 from batonq.client import AsyncClient
 from batonq.service import admin, discovery, problems, reads, schedules, stream, work
-from batonq.service.limits import DEFAULT_MAX_STREAMS_PER_KEY, OpenPerKey
+from batonq.service.auth import check_doors
 from batonq.service.metrics import Metrics
 from batonq.service.streams import PendingCounts, stop_on_signals
 from batonq.version import VERSION
@@ -175,4 +181,5 @@ def create_app(
         app.include_router(module.router)
     discovery.mount_docs(app)
     app.add_middleware(Limits, max_body_bytes=max_body_bytes, metrics=metrics)
+    check_doors(app)
     return app

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from batonq import models
 from batonq import schemas as s
-from batonq.access import Access, queue_page, visible_task
+from batonq.access import queue_page, visible_task
 from batonq.errors import InvalidArgument, QueueNotFound, TaskNotFound
 from batonq.limits import MAX_PAGE, QUEUE_NAME_PATTERN
 from batonq.models import task_ref
-from batonq.rings import OBSERVER
-from batonq.service.auth import require
+from batonq.service.auth import Key
 from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES
 from batonq.service.state import client_of, reader_of
 
 router = APIRouter(prefix="/v1", tags=["read"], responses=ERROR_RESPONSES, route_class=JsonRoute)
-Observer = Annotated[Access, Depends(require(OBSERVER))]
 LINEAGE_LIMIT = 200
 QUEUES_PAGE = MAX_PAGE
 """The most queues /v1/queues answers with at once."""
@@ -31,7 +29,7 @@ TaskId = Annotated[str, Path(pattern=s.TASK_ID_PATTERN, examples=["t_5521"])]
 )
 async def queues(
     request: Request,
-    access: Observer,
+    access: Key,
     limit: Annotated[int, Query(ge=1, le=QUEUES_PAGE)] = QUEUES_PAGE,
     cursor: Annotated[
         str | None, Query(pattern=QUEUE_NAME_PATTERN, description="next_cursor of the previous page")
@@ -50,7 +48,7 @@ async def queues(
 async def queue_settings(
     request: Request,
     queue: Annotated[str, Path(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])],
-    access: Observer,
+    access: Key,
 ) -> s.QueueSettingsOut:
     """paused, lease, attempts, backoff, retention and body limit; change
     them with `PATCH /v1/queues/{queue}` (admin)."""
@@ -64,7 +62,7 @@ async def queue_settings(
 @router.get("/tasks", response_model=s.TaskListOut, summary="The newest tasks of a queue")
 async def tasks(
     request: Request,
-    access: Observer,
+    access: Key,
     queue: Annotated[str, Query(pattern=QUEUE_NAME_PATTERN)],
     state: s.State | None = None,
     status: Annotated[s.State | None, Query(description="the same as state")] = None,
@@ -92,7 +90,7 @@ async def tasks(
     response_model=s.TaskDetailOut,
     summary="One task, with attempts, lineage and refused writes",
 )
-async def task(request: Request, task_id: TaskId, access: Observer) -> s.TaskDetailOut:
+async def task(request: Request, task_id: TaskId, access: Key) -> s.TaskDetailOut:
     """`set_aside` lists the writes refused about this task (a late submit
     from an older lease, a forged token): kind, fencing token, when, and the
     worker and key that held that token's lease."""
@@ -117,14 +115,14 @@ async def task(request: Request, task_id: TaskId, access: Observer) -> s.TaskDet
 
 
 @router.get("/runs/{root_id}", response_model=s.RunOut, summary="A run's status, derived from its tasks")
-async def run(request: Request, root_id: TaskId, access: Observer) -> s.RunOut:
+async def run(request: Request, root_id: TaskId, access: Key) -> s.RunOut:
     client = client_of(request)
     root = await visible_task(client, access, root_id)
     return s.RunOut.of(await client.run_status(root.root_id), access.covers)
 
 
 @router.get("/graph", response_model=s.GraphOut, summary="The queue graph's edges")
-async def graph(request: Request, access: Observer) -> s.GraphOut:
+async def graph(request: Request, access: Key) -> s.GraphOut:
     edges = await client_of(request).edges()
     return s.GraphOut(
         edges=[

@@ -10,8 +10,7 @@ from batonq.client import AsyncClient
 from batonq.service.metrics import Metrics
 
 if TYPE_CHECKING:
-    from batonq.access import FailedAuth, NewQueues
-    from batonq.service.limits import OpenPerKey
+    from batonq.access import FailedAuth, NewQueues, OpenPerKey
 
 __all__ = ["address_of", "client_of", "failed_auth", "metrics_of", "new_queues", "open_per_key", "reader_of"]
 
@@ -35,7 +34,8 @@ def metrics_of(request: Request) -> Metrics:
 
 
 def open_per_key(request: Request) -> OpenPerKey:
-    """The streams and long-poll claims each key has open in this process."""
+    """The long-lived requests each key has open in this process, on every
+    door (``batonq.access.OpenPerKey``)."""
     counter: OpenPerKey = request.app.state.open_per_key
     return counter
 

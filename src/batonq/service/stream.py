@@ -10,15 +10,13 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from batonq import schemas as s
-from batonq.access import Access
 from batonq.client import AsyncClient
 from batonq.limits import MAX_LEASE_S, MIN_LEASE_S, QUEUE_NAME_PATTERN
-from batonq.rings import WORKER
-from batonq.service.auth import require
+from batonq.service.auth import Key
 from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, UNAVAILABLE, ApiError, unavailable
 from batonq.service.state import client_of, open_per_key
@@ -122,7 +120,7 @@ def _resumed_after(last_event_id: str | None) -> int:
 )
 async def stream(
     request: Request,
-    access: Annotated[Access, Depends(require(WORKER))],
+    access: Key,
     queue: Annotated[str, Query(pattern=QUEUE_NAME_PATTERN)],
     claim: bool = False,
     credit: Annotated[int, Query(ge=1, le=100, description="with claim: unfinished tasks at most")] = 1,

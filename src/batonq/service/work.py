@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Annotated
 
 from annotated_types import Len
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Header, Request
 
 from batonq import models
 from batonq import schemas as s
@@ -15,14 +15,12 @@ from batonq.access import Access, queue_of, visible_task
 from batonq.errors import TaskNotFound
 from batonq.limits import MAX_LIST_ITEMS, MAX_QUEUES_PER_LIST
 from batonq.models import task_ref
-from batonq.rings import WORKER
-from batonq.service.auth import require
+from batonq.service.auth import Key
 from batonq.service.body import JsonRoute
 from batonq.service.problems import ERROR_RESPONSES, ApiError
 from batonq.service.state import client_of, metrics_of, new_queues, open_per_key
 
 router = APIRouter(prefix="/v1", tags=["work"], responses=ERROR_RESPONSES, route_class=JsonRoute)
-Worker = Annotated[Access, Depends(require(WORKER))]
 
 
 async def lease_tokens(request: Request, access: Access, bodies: Sequence[s.LeaseRef]) -> list[str]:
@@ -54,7 +52,7 @@ async def lease_tokens(request: Request, access: Access, bodies: Sequence[s.Leas
 async def enqueue(
     request: Request,
     body: s.EnqueueIn | list[s.EnqueueIn],
-    access: Worker,
+    access: Key,
     idempotency_key: Annotated[str | None, Header(max_length=512)] = None,
 ) -> s.EnqueueOut | s.EnqueueManyOut:
     """The same `idempotency_key` (field, or `Idempotency-Key` header for a single
@@ -107,7 +105,7 @@ async def enqueue(
     summary="Claim a task (or, with max_tasks over 1, a list of them) under a lease",
 )
 async def claim(
-    request: Request, body: s.ClaimIn, access: Worker
+    request: Request, body: s.ClaimIn, access: Key
 ) -> s.ClaimedTask | s.NoTask | s.ClaimOut:
     """Without `max_tasks` (or with 1) the reply is the task itself: `task_id`,
     `fencing_token`, `lease_expires_in_s`, `row` (its input), then
@@ -140,7 +138,7 @@ async def claim(
     response_model=s.HeartbeatOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def heartbeat(request: Request, body: s.HeartbeatIn, access: Worker) -> s.HeartbeatOut:
+async def heartbeat(request: Request, body: s.HeartbeatIn, access: Key) -> s.HeartbeatOut:
     """Extend the lease by `lease_s` (default: the claim's) from now; optionally set `stage`."""
     [token] = await lease_tokens(request, access, [body])
     with metrics_of(request).refusals(queue_of(token)):
@@ -164,7 +162,7 @@ async def heartbeat(request: Request, body: s.HeartbeatIn, access: Worker) -> s.
 async def submit(
     request: Request,
     body: s.SubmitIn | Annotated[list[s.SubmitIn], Len(1, MAX_LIST_ITEMS)],
-    access: Worker,
+    access: Key,
 ) -> s.SubmitOut | s.SubmitManyOut:
     """Name the lease by `lease_token`, or by `task_id` and `fencing_token`
     (accepted from the key that claimed it). A repeat of an accepted submit
@@ -198,7 +196,7 @@ async def submit(
     response_model=s.SubmitOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def fail(request: Request, body: s.FailIn, access: Worker) -> s.SubmitOut:
+async def fail(request: Request, body: s.FailIn, access: Key) -> s.SubmitOut:
     """Retry after `retry_delay_s`, or after the queue's backoff when omitted;
     `requeue: false` makes the task dead now."""
     [token] = await lease_tokens(request, access, [body])
@@ -214,7 +212,7 @@ async def fail(request: Request, body: s.FailIn, access: Worker) -> s.SubmitOut:
     response_model=s.SubmitOut,
     responses={409: {"model": s.ErrorOut, "description": "lease no longer held"}},
 )
-async def release(request: Request, body: s.ReleaseIn, access: Worker) -> s.SubmitOut:
+async def release(request: Request, body: s.ReleaseIn, access: Key) -> s.SubmitOut:
     """Give a lease back unfinished: the task is claimable at once and the attempt is not counted."""
     [token] = await lease_tokens(request, access, [body])
     with metrics_of(request).refusals(queue_of(token)):
