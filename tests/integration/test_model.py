@@ -17,7 +17,7 @@ are the model's; each join's bookkeeping is the model's.
 
 Each runs a bounded number of examples on one database, emptied between
 examples. ``BATONQ_MODEL_EXAMPLES=2000`` runs that many instead, for as long
-as that takes (an hour or so; pass ``--timeout 0`` to pytest)::
+as that takes (hours on a busy machine; pass ``--timeout 0`` to pytest)::
 
     BATONQ_MODEL_EXAMPLES=2000 pytest --timeout 0 tests/integration/test_model.py
 
@@ -66,6 +66,13 @@ MAX_ATTEMPTS = st.sampled_from([None, 1, 2, 3])
 BEHIND_S, AHEAD_S = 0.3, 2.0
 # Our wall clock against the database's transaction start.
 CLOCK_SLACK_S = 0.05
+
+
+# Between examples the database is emptied row by row: with the few rows an
+# example makes, far cheaper than a TRUNCATE of every partition.
+EMPTY = """DELETE FROM batonq.tasks; DELETE FROM batonq.archive; DELETE FROM batonq.submits;
+           DELETE FROM batonq.idempotency_keys; DELETE FROM batonq.joins; DELETE FROM batonq.batons;
+           DELETE FROM batonq.debounces; DELETE FROM batonq.finished_counts"""
 
 
 def clear_step(now: float, deadlines: list[float], seconds: float) -> float:
@@ -199,10 +206,7 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.client = client
         self.sql = sql
-        sql.execute(
-            "TRUNCATE batonq.tasks, batonq.archive, batonq.submits,"
-            " batonq.idempotency_keys, batonq.queues CASCADE"
-        )
+        sql.execute(EMPTY)
         sql.execute(
             "SELECT batonq.configure_queue(%s, p_backoff_base_s => %s, p_backoff_max_s => %s)",
             (Q, BACKOFF_BASE_S, BACKOFF_MAX_S),
@@ -640,13 +644,7 @@ class GraphMachine(RuleBasedStateMachine):
     def __init__(self, client: batonq.Client, admin: batonq.Client, sql: psycopg.Connection[Any]) -> None:
         super().__init__()
         self.client, self.admin, self.sql = client, admin, sql
-        # Emptied row by row: with the few rows an example makes, far cheaper
-        # than TRUNCATE of every partition. The queues and edges stay.
-        sql.execute(
-            """DELETE FROM batonq.tasks; DELETE FROM batonq.archive; DELETE FROM batonq.submits;
-               DELETE FROM batonq.joins; DELETE FROM batonq.batons; DELETE FROM batonq.debounces;
-               DELETE FROM batonq.finished_counts"""
-        )
+        sql.execute(EMPTY)  # the queues and edges stay
         if not sql.execute("SELECT FROM batonq.queues WHERE name = %s", (FINAL,)).fetchall():
             for queue in GRAPH_QUEUES:
                 admin.configure_queue(queue, max_attempts=GRAPH_MAX_ATTEMPTS, retention_s=0)
