@@ -858,7 +858,7 @@ class GraphMachine(RuleBasedStateMachine):
         self.model.outcomes[(t.id, lease.fencing_token)] = ("fail", t.state)
 
     @rule(
-        action=st.sampled_from(["cancel", "hold", "release", "retry", "retry"]),
+        action=st.sampled_from(["cancel", "hold", "release", "retry", "retry", "retry"]),
         pick=PICKS,
         fitting=st.sampled_from([True, True, False]),
     )
@@ -918,16 +918,19 @@ class GraphMachine(RuleBasedStateMachine):
             event("retry: a join that gathers at once")
             self.model.gather(t.id)
 
-    @rule(how=st.sampled_from(["10 s", "40 s", "100 s", "sweep"]))
+    @rule(how=st.sampled_from(["10 s", "40 s", "100 s", "sweep", "maintain"]))
     def clock(self, how: str) -> None:
-        """Time passes (delays run out, leases expire), or the sweeper runs."""
-        if how != "sweep":
+        """Time passes (delays run out, leases expire), or the sweeper runs
+        (its sweep, or its maintenance: not too often, as retention takes
+        every finished task out of the operator's reach)."""
+        if how == "maintain":
+            self.maintain()
+        elif how == "sweep":
+            self.advance(0)
+            assert self.client.sweep() == self.model.expire(None, self.model.now())
+        else:
             self.advance(float(how.split()[0]))
-            return
-        self.advance(0)
-        assert self.client.sweep() == self.model.expire(None, self.model.now())
 
-    @rule()
     def maintain(self) -> None:
         """Retention, every finished task past it: all go but the elements
         of a join that has not gathered (seen as the pass begins)."""
