@@ -290,7 +290,8 @@ BEGIN
             RAISE EXCEPTION 'cannot retry task %: its element t_% is %; retry that element',
                             p_task_id, v_dead.id, v_dead.state
                 USING ERRCODE = 'BQ007',
-                      DETAIL = jsonb_build_object('task_id', p_task_id, 'state', 'dead')::text;
+                      DETAIL = jsonb_build_object('task_id', p_task_id,
+                                                  'state', batonq._state_of(p_task_id))::text;
         END IF;
     END IF;
     v_task := batonq._revive(p_task_id, CASE WHEN v_join.join_task_id IS NULL THEN 'pending' ELSE 'waiting' END,
