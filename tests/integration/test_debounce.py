@@ -96,3 +96,15 @@ def test_bad_debounce_arguments_are_refused(client: batonq.Client) -> None:
         client.enqueue("digest", {}, debounce_key="k", debounce_s=5, keep="middle")
     with pytest.raises(batonq.InvalidArgument, match="needs both"):
         client.enqueue("digest", {}, debounce_s=5)
+
+
+def test_a_claimed_task_closes_its_window(client: batonq.Client) -> None:
+    first = client.enqueue("digest", {"n": 1}, debounce_key="k", debounce_s=0.01)
+    [lease] = client.claim("digest", wait_s=5)
+    client.fail(lease.lease_token, "later", retry_delay_s=30)
+    # Pending again, waiting for its retry: claimed once, so its window is shut.
+    again = client.enqueue("digest", {"n": 2}, debounce_key="k", debounce_s=1)
+    assert again.created and again.task_id != first.task_id
+    retrying = client.task(first.task_id)
+    assert retrying.payload == {"n": 1}
+    assert retrying.run_at > again.run_at  # still its 30 s retry delay

@@ -245,3 +245,79 @@ def test_an_enqueue_cannot_take_a_batons_place(
     forged_left = [t for t in client.tasks("hj-b") if t.payload == {"forged": True}]
     assert len(forged_left) == 2 and all(t.parent_id is None for t in forged_left)
     assert client.run_status(parent.task_id).tasks == 1 + len(expected)
+
+
+def fan_out_three(admin: batonq.Client, client: batonq.Client, *, partial: bool) -> dict[int, batonq.Lease]:
+    """split fans [1, 2, 3] out into work, joined into gather; the three
+    leases of work, by their element."""
+    admin.add_edge("split", "work", fan_out="")
+    admin.add_edge("work", "gather", join=True, partial=partial)
+    client.enqueue("split", None)
+    [lease] = client.claim("split")
+    client.complete(lease.lease_token, [1, 2, 3])
+    return {lease.row: lease for lease in client.claim("work", max_tasks=3)}
+
+
+def test_a_retried_element_keeps_its_place_in_the_join(admin: batonq.Client, client: batonq.Client) -> None:
+    leases = fan_out_three(admin, client, partial=True)
+    client.fail(leases[1].lease_token, "broke", requeue=False)
+    assert admin.retry(leases[1].task_id).state == "pending"
+    [again] = client.claim("work")
+    client.complete(again.lease_token, 10)
+    client.complete(leases[2].lease_token, 20)
+    assert client.claim("gather") == []  # the third is still leased
+    client.complete(leases[3].lease_token, 30)
+    [joined] = client.claim("gather")
+    assert joined.row == [10, 20, 30]
+    assert len(client.tasks("gather")) == 1
+
+
+def test_retrying_the_element_a_join_died_of_brings_the_join_back(
+    admin: batonq.Client, client: batonq.Client
+) -> None:
+    leases = fan_out_three(admin, client, partial=False)
+    root = leases[1].root_id
+    client.fail(leases[2].lease_token, "broke", requeue=False)
+    client.complete(leases[1].lease_token, 10)
+    client.complete(leases[3].lease_token, 30)
+    [join] = client.tasks("gather")
+    assert join.state == "dead"
+    # The join cannot run while its element is dead: retry the element.
+    with pytest.raises(batonq.InvalidState, match=f"its element t_{leases[2].task_id} is dead"):
+        admin.retry(join.id)
+
+    admin.retry(leases[2].task_id)
+    assert client.task(join.id).state == "waiting"
+    assert client.run_status(root).status == "running"
+    [again] = client.claim("work")
+    client.complete(again.lease_token, 20)
+    [joined] = client.claim("gather")
+    assert (joined.task_id, joined.row) == (join.id, [10, 20, 30])
+    client.complete(joined.lease_token, "all")
+    assert client.run_status(root).status == "done"
+
+
+def test_an_element_whose_join_gathered_without_it_is_not_retried(
+    admin: batonq.Client, client: batonq.Client
+) -> None:
+    leases = fan_out_three(admin, client, partial=True)
+    client.fail(leases[1].lease_token, "broke", requeue=False)
+    client.complete(leases[2].lease_token, 20)
+    client.complete(leases[3].lease_token, 30)
+    [joined] = client.claim("gather")
+    assert joined.row == [None, 20, 30]
+    with pytest.raises(batonq.InvalidState, match=f"its join t_{joined.task_id} has gathered"):
+        admin.retry(leases[1].task_id)
+    assert client.task(leases[1].task_id).state == "dead"
+
+
+def test_a_cancelled_join_retried_gathers_its_elements(admin: batonq.Client, client: batonq.Client) -> None:
+    leases = fan_out_three(admin, client, partial=False)
+    [join] = client.tasks("gather")
+    admin.cancel(join.id)
+    for n, lease in leases.items():
+        client.complete(lease.lease_token, n * 10)
+    assert client.task(join.id).state == "cancelled"
+    assert admin.retry(join.id).state == "pending"
+    [joined] = client.claim("gather")
+    assert joined.row == [10, 20, 30]

@@ -109,3 +109,52 @@ def test_retention_prunes_debounce_windows_whose_task_finished(
     again = client.enqueue("digest", {"n": 4}, debounce_key="user-1", debounce_s=60)
     assert again.created and again.task_id != finished.task_id
     assert client.maintain()["debounces_deleted"] == 0
+
+
+def test_retention_keeps_the_elements_a_waiting_join_needs(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    admin.add_edge("split", "work", fan_out="")
+    admin.add_edge("work", "gather", join=True)
+    admin.configure_queue("work", retention_s=0)
+    client.enqueue("split", None)
+    [lease] = client.claim("split")
+    client.complete(lease.lease_token, [1, 2, 3])
+    leases = sorted(client.claim("work", max_tasks=3), key=lambda lease: lease.row)
+    for lease in leases[:2]:
+        client.complete(lease.lease_token, lease.row * 10)
+
+    assert client.maintain()["archived_deleted"] == 0
+
+    client.complete(leases[2].lease_token, 30)
+    [joined] = client.claim("gather")
+    assert joined.row == [10, 20, 30]
+    # Gathered: the elements are free to go.
+    assert client.maintain()["archived_deleted"] == 3
+    [stats] = client.queues("work")
+    assert stats.done == 0
+
+
+def test_retention_keeps_an_old_day_that_a_waiting_join_needs(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    admin.add_edge("split", "work", fan_out="")
+    admin.add_edge("work", "gather", join=True)
+    for queue in ("split", "work", "gather"):
+        admin.configure_queue(queue, retention_s=86400)
+    client.enqueue("split", None)
+    [lease] = client.claim("split")
+    client.complete(lease.lease_token, [1, 2])
+    first, second = sorted(client.claim("work", max_tasks=2), key=lambda lease: lease.row)
+    client.complete(first.lease_token, 10)
+    finish_days_ago(sql, first.task_id, 3)
+    finish_days_ago(sql, lease.task_id, 3)  # the split task, same old day
+
+    report = client.maintain()
+    # The archive's day stays (its ledger's day goes); the split task goes row by row.
+    assert (report["partitions_dropped"], report["archived_deleted"]) == (1, 1)
+
+    client.complete(second.lease_token, 20)
+    [joined] = client.claim("gather")
+    assert joined.row == [10, 20]
+    assert client.maintain()["partitions_dropped"] == 1

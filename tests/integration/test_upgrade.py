@@ -12,6 +12,7 @@ import contextlib
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -121,3 +122,38 @@ def test_a_signature_change_needs_a_migration_that_drops_the_old_function(
     assert snapshot(without_drop) != snapshot(fresh)
     assert _by_name(functions(without_drop))["batonq._state_of"] == 2
     assert snapshot(with_drop) == snapshot(fresh)
+
+
+def test_a_join_that_died_before_the_upgrade_comes_back_with_its_element(
+    empty_db: Callable[[], str],
+) -> None:
+    """0.1.0 marked a join resolved when an element killed it, and stopped
+    counting its elements: once migrated, retrying that element brings the
+    join back, and it gathers every element in order."""
+    dsn = empty_db()
+    _run(dsn, (RELEASES[0].parent / "0.1.0.sql").read_text(encoding="utf-8"))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+
+        def claim(queue: str) -> dict[Any, str]:
+            rows = conn.execute("SELECT row, lease_token FROM batonq.claim(%s, p_max_tasks => 3)", (queue,))
+            return {row: token for row, token in rows.fetchall()}
+
+        conn.execute("SELECT batonq.add_edge('split', 'work', p_fan_out => '')")
+        conn.execute("SELECT batonq.add_edge('work', 'gather', p_is_join => true)")
+        conn.execute("SELECT batonq.enqueue('split', 'null')")
+        [token] = claim("split").values()
+        conn.execute("SELECT batonq.complete(%s, '[1, 2, 3]')", (token,))
+        work = claim("work")
+        conn.execute("SELECT batonq.fail(%s, '\"broke\"', p_requeue => false)", (work[2],))
+        conn.execute("SELECT batonq.complete(%s, '10')", (work[1],))
+        conn.execute("SELECT batonq.complete(%s, '30')", (work[3],))
+        [(dead,)] = conn.execute("SELECT id FROM batonq.archive WHERE queue = 'work' AND state = 'dead'")
+
+    batonq.migrate(dsn)
+
+    with batonq.connect(dsn) as client:
+        client.retry(dead)
+        [again] = client.claim("work")
+        client.complete(again.lease_token, 20)
+        [joined] = client.claim("gather")
+        assert joined.row == [10, 20, 30]

@@ -52,7 +52,10 @@ BEGIN
                               v_window.opened_at + make_interval(secs => coalesce(p_max_wait_s, 315360000))),
                payload = CASE WHEN p_keep = 'last' THEN p_payload ELSE payload END,
                group_key = CASE WHEN p_keep = 'last' THEN p_group ELSE group_key END
+         -- Never claimed (no fencing token yet): a task that was claimed,
+         -- even one pending again for a retry, has closed its window.
          WHERE queue = p_queue AND id = v_window.task_id AND state = 'pending'
+           AND fencing_token IS NULL
         RETURNING id, queue, false, state, run_at INTO v_reply;
         IF FOUND THEN
             RETURN v_reply;

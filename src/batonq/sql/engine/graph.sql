@@ -171,9 +171,34 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Make a waiting join pending with its elements' results in element order
+-- (a dead element's place holds null), once: the join is then resolved,
+-- and nothing changes its list again. The caller holds the join's row lock.
+CREATE OR REPLACE FUNCTION batonq._gather(p_join batonq.joins) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A new statement: it sees every element, including those committed
+    -- by other transactions while the caller waited on the lock.
+    UPDATE batonq.tasks t SET
+        state = 'pending',
+        run_at = now(),
+        payload = (SELECT coalesce(jsonb_agg(a.result ORDER BY a.fan_index), '[]')
+                     FROM batonq.archive a WHERE a.join_task_id = p_join.join_task_id)
+     WHERE t.queue = p_join.join_queue AND t.id = p_join.join_task_id AND t.state = 'waiting';
+    -- Not waiting (dead of an element, or cancelled): nothing gathers, and
+    -- the join stays unresolved, so that a retry can bring it back.
+    IF FOUND THEN
+        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join.join_task_id;
+        PERFORM batonq._wake(p_join.join_queue);
+    END IF;
+END $$;
+
 -- A fan-out element finished (p_dead: dead or cancelled). The last one
 -- makes its join pending with the ordered results; a dead one makes the join
--- dead at once unless the join takes partial results.
+-- dead at once unless the join takes partial results. Elements are counted
+-- until the join has gathered, whatever the join's state: a join that died
+-- of an element (or was cancelled) knows how many elements are finished
+-- when a retry brings it back (batonq._rejoin, batonq.retry_task).
 CREATE OR REPLACE FUNCTION batonq._join_progress(p_join_task_id bigint, p_dead boolean, p_element bigint,
                                       p_error text)
 RETURNS void
@@ -181,8 +206,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_join batonq.joins;
 BEGIN
-    -- The row lock serialises the elements' completions: exactly one of
-    -- them sees the count reach the total.
+    -- The row lock serialises the elements' completions and retries:
+    -- exactly one of them sees the count reach the total.
     UPDATE batonq.joins SET finished = finished + 1
      WHERE join_task_id = p_join_task_id AND NOT resolved
     RETURNING * INTO v_join;
@@ -190,7 +215,7 @@ BEGIN
         RETURN;
     END IF;
     IF p_dead AND NOT v_join.partial THEN
-        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join_task_id;
+        -- A join task is never an element itself: no join further on learns of it.
         WITH gone AS (
             DELETE FROM batonq.tasks t
              WHERE t.queue = v_join.join_queue AND t.id = p_join_task_id AND t.state = 'waiting'
@@ -200,18 +225,35 @@ BEGIN
         SELECT (batonq._archive_row(g.t, 'dead', NULL,
                 format('fan-out element t_%s is dead: %s', p_element, p_error))).*
           FROM gone g;
-        PERFORM batonq._on_dead(v_join.join_queue, ARRAY[p_join_task_id]);
     ELSIF v_join.finished >= v_join.expected THEN
-        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join_task_id;
-        -- A new statement: it sees every element, including those committed
-        -- by other transactions while this one waited on the lock.
-        UPDATE batonq.tasks t SET
-            state = 'pending',
-            run_at = now(),
-            payload = (SELECT coalesce(jsonb_agg(a.result ORDER BY a.fan_index), '[]')
-                         FROM batonq.archive a WHERE a.join_task_id = p_join_task_id)
-         WHERE t.queue = v_join.join_queue AND t.id = p_join_task_id AND t.state = 'waiting';
-        PERFORM batonq._wake(v_join.join_queue);
+        PERFORM batonq._gather(v_join);
+    END IF;
+END $$;
+
+-- A dead or cancelled element is retried: it takes its place in its join
+-- again. Refused (BQ007) when the join has gathered without it or is gone
+-- (past retention). A join that died of an element waits again once no
+-- element is dead; a cancelled join stays cancelled (retry it to gather).
+CREATE OR REPLACE FUNCTION batonq._rejoin(p_element batonq.archive) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_join batonq.joins;
+BEGIN
+    SELECT * INTO v_join FROM batonq.joins WHERE join_task_id = p_element.join_task_id FOR UPDATE;
+    IF NOT FOUND OR v_join.resolved THEN
+        RAISE EXCEPTION 'cannot retry task %: its join t_% %', p_element.id, p_element.join_task_id,
+                        CASE WHEN FOUND THEN 'has gathered its elements without it'
+                             ELSE 'is gone' END
+            USING ERRCODE = 'BQ007',
+                  DETAIL = jsonb_build_object('task_id', p_element.id, 'state', p_element.state)::text;
+    END IF;
+    UPDATE batonq.joins SET finished = finished - 1 WHERE join_task_id = v_join.join_task_id;
+    IF NOT v_join.partial AND NOT EXISTS (
+        SELECT FROM batonq.archive a
+         WHERE a.join_task_id = v_join.join_task_id AND a.id <> p_element.id
+           AND a.state IN ('dead', 'cancelled'))
+    THEN
+        PERFORM batonq._revive(v_join.join_task_id, 'waiting', ARRAY['dead']);
     END IF;
 END $$;
 

@@ -42,6 +42,12 @@ END $$;
 -- partitions older than the longest retention are dropped; queues that keep
 -- less lose their older rows by DELETE, p_batch at a time. Returns what it
 -- removed.
+--
+-- A finished fan-out element stays while its join has not gathered (the
+-- join waits, or is dead or cancelled and may be retried): the gather reads
+-- the elements' results from the archive. A day partition that holds such
+-- an element is not dropped; its other rows go row by row. A join's row in
+-- batonq.joins goes with its join task.
 CREATE OR REPLACE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -49,6 +55,7 @@ DECLARE
     v_keep_s     integer := coalesce((SELECT max(retention_s) FROM batonq.queues), 604800);
     v_cutoff     date := ((now() - make_interval(secs => v_keep_s)) AT TIME ZONE 'UTC')::date;
     v_part       record;
+    v_needed     boolean;
     v_dropped    integer := 0;
     v_rows       integer := 0;
     v_keys       integer := 0;
@@ -64,6 +71,15 @@ BEGIN
            AND c.relname ~ '_[0-9]{8}$'
            AND to_date(right(c.relname, 8), 'YYYYMMDD') < v_cutoff
     LOOP
+        IF v_part.relname LIKE 'archive\_%' THEN
+            EXECUTE format('SELECT EXISTS (SELECT FROM batonq.%I a JOIN batonq.joins j
+                                             ON j.join_task_id = a.join_task_id AND NOT j.resolved)',
+                           v_part.relname)
+               INTO v_needed;
+            CONTINUE WHEN v_needed;
+            EXECUTE format('DELETE FROM batonq.joins j USING batonq.%I a WHERE j.join_task_id = a.id',
+                           v_part.relname);
+        END IF;
         -- Dropping a partition fires no trigger: take its tasks off the counts.
         IF v_part.relname LIKE 'archive\_%' THEN
             EXECUTE format('INSERT INTO batonq.finished_counts (queue, state, n)
@@ -77,11 +93,17 @@ BEGIN
     WITH old AS (
         SELECT a.id, a.finished_at FROM batonq.archive a JOIN batonq.queues q ON q.name = a.queue
          WHERE a.finished_at < now() - make_interval(secs => q.retention_s)
+           AND NOT EXISTS (SELECT FROM batonq.joins j
+                            WHERE j.join_task_id = a.join_task_id AND NOT j.resolved)
          LIMIT p_batch
+    ), gone AS (
+        DELETE FROM batonq.archive a USING old
+         WHERE a.id = old.id AND a.finished_at = old.finished_at
+        RETURNING a.id
+    ), joins_gone AS (
+        DELETE FROM batonq.joins j USING gone WHERE j.join_task_id = gone.id
     )
-    DELETE FROM batonq.archive a USING old
-     WHERE a.id = old.id AND a.finished_at = old.finished_at;
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    SELECT count(*) INTO v_rows FROM gone;
 
     DELETE FROM batonq.submits s
      WHERE s.ctid = ANY (ARRAY(

@@ -239,30 +239,72 @@ LANGUAGE sql STABLE
 RETURN coalesce((SELECT state FROM batonq.tasks WHERE id = p_task_id),
                 (SELECT state FROM batonq.archive WHERE id = p_task_id LIMIT 1));
 
--- Operator: run a dead or cancelled task again, from attempt 0. Its history
--- (errors) is kept.
-CREATE OR REPLACE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+-- A finished task back in the hot table, in p_state, from attempt 0, if it
+-- is in one of p_from (finished states); its history (errors) is kept.
+-- NULL when it is not.
+CREATE OR REPLACE FUNCTION batonq._revive(p_task_id bigint, p_state text, p_from text[]) RETURNS batonq.tasks
+LANGUAGE plpgsql AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN
     WITH revived AS (
-        DELETE FROM batonq.archive a WHERE a.id = p_task_id AND a.state IN ('dead', 'cancelled')
+        DELETE FROM batonq.archive a WHERE a.id = p_task_id AND a.state = ANY (p_from)
         RETURNING a.*
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, created_at, payload, attempts,
                               max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                              last_error, errors, group_key)
-    SELECT id, queue, 'pending', priority, now(), created_at, payload, 0,
+                              last_error, errors, join_task_id, fan_index, group_key)
+    SELECT id, queue, p_state, priority, now(), created_at, payload, 0,
            max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-           last_error, errors, group_key
+           last_error, errors, join_task_id, fan_index, group_key
       FROM revived
     RETURNING * INTO v_task;
+    RETURN v_task;
+END $$;
+
+-- Operator: run a dead or cancelled task again, from attempt 0. Its history
+-- (errors) is kept. A fan-out element takes its place in its join again
+-- (batonq._rejoin). A join that has not gathered waits for its elements
+-- again -- and gathers at once if they are all finished; it is refused
+-- while an element it cannot do without is dead.
+CREATE OR REPLACE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+DECLARE
+    v_dead  batonq.archive;
+    v_join  batonq.joins;
+    v_task  batonq.tasks;
+BEGIN
+    SELECT * INTO v_dead FROM batonq.archive a
+     WHERE a.id = p_task_id AND a.state IN ('dead', 'cancelled') LIMIT 1;
+    IF FOUND AND v_dead.join_task_id IS NOT NULL THEN
+        PERFORM batonq._rejoin(v_dead);
+    END IF;
+    SELECT * INTO v_join FROM batonq.joins j WHERE j.join_task_id = p_task_id AND NOT j.resolved FOR UPDATE;
+    IF FOUND AND NOT v_join.partial THEN
+        v_dead := NULL;
+        SELECT * INTO v_dead FROM batonq.archive a
+         WHERE a.join_task_id = p_task_id AND a.state IN ('dead', 'cancelled')
+         ORDER BY a.fan_index LIMIT 1;
+        IF v_dead.id IS NOT NULL THEN
+            RAISE EXCEPTION 'cannot retry task %: its element t_% is %; retry that element',
+                            p_task_id, v_dead.id, v_dead.state
+                USING ERRCODE = 'BQ007',
+                      DETAIL = jsonb_build_object('task_id', p_task_id,
+                                                  'state', batonq._state_of(p_task_id))::text;
+        END IF;
+    END IF;
+    v_task := batonq._revive(p_task_id, CASE WHEN v_join.join_task_id IS NULL THEN 'pending' ELSE 'waiting' END,
+                             ARRAY['dead', 'cancelled']);
     IF v_task.id IS NULL THEN
         PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'retry', 'dead or cancelled');
     END IF;
-    PERFORM batonq._wake(v_task.queue);
+    IF v_join.join_task_id IS NULL THEN
+        PERFORM batonq._wake(v_task.queue);
+    ELSIF v_join.finished >= v_join.expected THEN
+        PERFORM batonq._gather(v_join);
+        SELECT * INTO v_task FROM batonq.tasks t WHERE t.queue = v_task.queue AND t.id = p_task_id;
+    END IF;
     RETURN batonq._hot_view(v_task);
 END $$;
 
