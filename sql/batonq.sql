@@ -550,6 +550,40 @@ CREATE INDEX schedules_queue_idx ON batonq.schedules (queue);
 
 INSERT INTO batonq.migrations (version, name) VALUES (4, 'shape');
 
+-- migrations/0005_joins.sql
+-- batonq 0005: a join is resolved when it gathers, and only then
+-- (engine/graph.sql): a join that died of an element, or was cancelled,
+-- before gathering may come back when that element (or the join) is retried,
+-- and keeps counting its elements meanwhile. Earlier, such a join was marked
+-- resolved at once, and the elements that finished after it were not
+-- counted. Those joins are unresolved here, with their count made again from
+-- their finished elements -- where every element is still there to count; a
+-- join whose elements retention already removed stays as it was. A join that
+-- never gathered still holds the empty list it was made with.
+WITH hot AS MATERIALIZED (
+    SELECT t.join_task_id, count(*) AS n FROM batonq.tasks t
+     WHERE t.join_task_id IS NOT NULL GROUP BY t.join_task_id
+), stopped AS (
+    SELECT j.join_task_id, j.expected,
+           (SELECT count(*) FROM batonq.archive a WHERE a.join_task_id = j.join_task_id) AS finished
+      FROM batonq.joins j
+     WHERE j.resolved AND j.expected > 0
+       AND EXISTS (SELECT FROM batonq.archive a
+                    WHERE a.id = j.join_task_id AND a.state IN ('dead', 'cancelled')
+                      AND a.payload = '[]'::jsonb)
+)
+UPDATE batonq.joins j SET resolved = false, finished = s.finished
+  FROM stopped s LEFT JOIN hot h ON h.join_task_id = s.join_task_id
+ WHERE j.join_task_id = s.join_task_id AND s.finished + coalesce(h.n, 0) = s.expected;
+
+-- A join's row now goes with its join task (run_retention); the rows of
+-- join tasks already gone go here.
+DELETE FROM batonq.joins j
+ WHERE NOT EXISTS (SELECT FROM batonq.tasks t WHERE t.id = j.join_task_id)
+   AND NOT EXISTS (SELECT FROM batonq.archive a WHERE a.id = j.join_task_id);
+
+INSERT INTO batonq.migrations (version, name) VALUES (5, 'joins');
+
 -- migrations/0006_sessions.sql
 -- Dashboard sessions (engine/keys.sql): the dashboard's cookie holds a
 -- random token, never the API key; only sha256(token) is stored. A session
@@ -574,15 +608,15 @@ DROP FUNCTION IF EXISTS batonq.run_tasks(bigint);
 
 INSERT INTO batonq.migrations (version, name) VALUES (6, 'sessions');
 
--- migrations/0008_due_pages.sql
+-- migrations/0007_due_pages.sql
 -- The firer reads the due schedules page by page, by name
 -- (engine/schedules.sql makes the new due_schedules).
 DROP FUNCTION IF EXISTS batonq.due_schedules(integer);
 
 INSERT INTO batonq.migrations (version, name) VALUES (8, 'due_pages');
 
--- migrations/0009_leaders.sql
--- batonq 0009: the sweeper's leader is elected by a lease row, not a session
+-- migrations/0008_leaders.sql
+-- batonq 0008: the sweeper's leader is elected by a lease row, not a session
 -- advisory lock. A transaction pooler (PgBouncer in transaction mode) hands
 -- a server session to other clients between transactions: a session lock
 -- taken through it is held by whichever client's server connection took it,
@@ -603,8 +637,8 @@ REVOKE ALL ON batonq.leaders FROM PUBLIC;
 
 INSERT INTO batonq.migrations (version, name) VALUES (9, 'leaders');
 
--- migrations/0010_group_leases.sql
--- batonq 0010: the leases each group holds, kept as they change, so a
+-- migrations/0009_group_leases.sql
+-- batonq 0009: the leases each group holds, kept as they change, so a
 -- group-limited claim looks a group's count up by key instead of counting
 -- the queue's leases (engine/claim.sql: _pick_in_groups).
 --
@@ -649,7 +683,7 @@ END $$;
 
 INSERT INTO batonq.migrations (version, name) VALUES (10, 'group_leases');
 
--- migrations/0011_row_security.sql
+-- migrations/0010_row_security.sql
 -- Row level security on every batonq table, with no policy: a role that
 -- is granted a table anyway (a REST layer's anon or authenticated roles,
 -- once the schema is exposed to them) reads and writes no row of it. The
@@ -1450,7 +1484,7 @@ CREATE OR REPLACE FUNCTION batonq._bucket_tokens(
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN least(p_limit, p_tokens + greatest(extract(epoch FROM p_now - p_at), 0) * p_limit / p_period_s);
 
--- Keeps batonq.group_leases (migrations/0010): a grouped task that becomes
+-- Keeps batonq.group_leases (migrations/0009): a grouped task that becomes
 -- leased or stops being leased (claim, heartbeat taking up a lapsed lease,
 -- complete, fail, release, expiry, cancel, whatever the path) adds a delta
 -- row. Row triggers whose WHEN skips every other change, so tasks without a
@@ -2461,30 +2495,72 @@ LANGUAGE sql STABLE
 RETURN coalesce((SELECT state FROM batonq.tasks WHERE id = p_task_id),
                 (SELECT state FROM batonq.archive WHERE id = p_task_id LIMIT 1));
 
--- Operator: run a dead or cancelled task again, from attempt 0. Its history
--- (errors) is kept.
-CREATE OR REPLACE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+-- A finished task back in the hot table, in p_state, from attempt 0, if it
+-- is in one of p_from (finished states); its history (errors) is kept.
+-- NULL when it is not.
+CREATE OR REPLACE FUNCTION batonq._revive(p_task_id bigint, p_state text, p_from text[]) RETURNS batonq.tasks
+LANGUAGE plpgsql AS $$
 DECLARE
     v_task batonq.tasks;
 BEGIN
     WITH revived AS (
-        DELETE FROM batonq.archive a WHERE a.id = p_task_id AND a.state IN ('dead', 'cancelled')
+        DELETE FROM batonq.archive a WHERE a.id = p_task_id AND a.state = ANY (p_from)
         RETURNING a.*
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, created_at, payload, attempts,
                               max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                              last_error, errors, group_key)
-    SELECT id, queue, 'pending', priority, now(), created_at, payload, 0,
+                              last_error, errors, join_task_id, fan_index, group_key)
+    SELECT id, queue, p_state, priority, now(), created_at, payload, 0,
            max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-           last_error, errors, group_key
+           last_error, errors, join_task_id, fan_index, group_key
       FROM revived
     RETURNING * INTO v_task;
+    RETURN v_task;
+END $$;
+
+-- Operator: run a dead or cancelled task again, from attempt 0. Its history
+-- (errors) is kept. A fan-out element takes its place in its join again
+-- (batonq._rejoin). A join that has not gathered waits for its elements
+-- again -- and gathers at once if they are all finished; it is refused
+-- while an element it cannot do without is dead.
+CREATE OR REPLACE FUNCTION batonq.retry_task(p_task_id bigint) RETURNS batonq.task_view
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off AS $$
+DECLARE
+    v_dead  batonq.archive;
+    v_join  batonq.joins;
+    v_task  batonq.tasks;
+BEGIN
+    SELECT * INTO v_dead FROM batonq.archive a
+     WHERE a.id = p_task_id AND a.state IN ('dead', 'cancelled') LIMIT 1;
+    IF FOUND AND v_dead.join_task_id IS NOT NULL THEN
+        PERFORM batonq._rejoin(v_dead);
+    END IF;
+    SELECT * INTO v_join FROM batonq.joins j WHERE j.join_task_id = p_task_id AND NOT j.resolved FOR UPDATE;
+    IF FOUND AND NOT v_join.partial THEN
+        v_dead := NULL;
+        SELECT * INTO v_dead FROM batonq.archive a
+         WHERE a.join_task_id = p_task_id AND a.state IN ('dead', 'cancelled')
+         ORDER BY a.fan_index LIMIT 1;
+        IF v_dead.id IS NOT NULL THEN
+            RAISE EXCEPTION 'cannot retry task %: its element t_% is %; retry that element',
+                            p_task_id, v_dead.id, v_dead.state
+                USING ERRCODE = 'BQ007',
+                      DETAIL = jsonb_build_object('task_id', p_task_id,
+                                                  'state', batonq._state_of(p_task_id))::text;
+        END IF;
+    END IF;
+    v_task := batonq._revive(p_task_id, CASE WHEN v_join.join_task_id IS NULL THEN 'pending' ELSE 'waiting' END,
+                             ARRAY['dead', 'cancelled']);
     IF v_task.id IS NULL THEN
         PERFORM batonq._wrong_state(p_task_id, batonq._state_of(p_task_id), 'retry', 'dead or cancelled');
     END IF;
-    PERFORM batonq._wake(v_task.queue);
+    IF v_join.join_task_id IS NULL THEN
+        PERFORM batonq._wake(v_task.queue);
+    ELSIF v_join.finished >= v_join.expected THEN
+        PERFORM batonq._gather(v_join);
+        SELECT * INTO v_task FROM batonq.tasks t WHERE t.queue = v_task.queue AND t.id = p_task_id;
+    END IF;
     RETURN batonq._hot_view(v_task);
 END $$;
 
@@ -2580,7 +2656,7 @@ BEGIN
                                v_name, v_table,
                                v_day::timestamp AT TIME ZONE 'UTC',
                                (v_day + 1)::timestamp AT TIME ZONE 'UTC');
-                -- As on every batonq table (migration 0011): no rows for other roles.
+                -- As on every batonq table (migration 0010): no rows for other roles.
                 EXECUTE format('ALTER TABLE batonq.%I ENABLE ROW LEVEL SECURITY', v_name);
                 v_created := v_created + 1;
             EXCEPTION WHEN check_violation OR duplicate_table THEN
@@ -2598,6 +2674,12 @@ END $$;
 -- partitions older than the longest retention are dropped; queues that keep
 -- less lose their older rows by DELETE, p_batch at a time. Returns what it
 -- removed.
+--
+-- A finished fan-out element stays while its join has not gathered (the
+-- join waits, or is dead or cancelled and may be retried): the gather reads
+-- the elements' results from the archive. A day partition that holds such
+-- an element is not dropped; its other rows go row by row. A join's row in
+-- batonq.joins goes with its join task.
 CREATE OR REPLACE FUNCTION batonq.run_retention(p_batch integer DEFAULT 10000) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -2605,6 +2687,7 @@ DECLARE
     v_keep_s     integer := coalesce((SELECT max(retention_s) FROM batonq.queues), 604800);
     v_cutoff     date := ((now() - make_interval(secs => v_keep_s)) AT TIME ZONE 'UTC')::date;
     v_part       record;
+    v_needed     boolean;
     v_dropped    integer := 0;
     v_rows       integer := 0;
     v_keys       integer := 0;
@@ -2620,6 +2703,15 @@ BEGIN
            AND c.relname ~ '_[0-9]{8}$'
            AND to_date(right(c.relname, 8), 'YYYYMMDD') < v_cutoff
     LOOP
+        IF v_part.relname LIKE 'archive\_%' THEN
+            EXECUTE format('SELECT EXISTS (SELECT FROM batonq.%I a JOIN batonq.joins j
+                                             ON j.join_task_id = a.join_task_id AND NOT j.resolved)',
+                           v_part.relname)
+               INTO v_needed;
+            CONTINUE WHEN v_needed;
+            EXECUTE format('DELETE FROM batonq.joins j USING batonq.%I a WHERE j.join_task_id = a.id',
+                           v_part.relname);
+        END IF;
         -- Dropping a partition fires no trigger: take its tasks off the counts.
         IF v_part.relname LIKE 'archive\_%' THEN
             EXECUTE format('INSERT INTO batonq.finished_counts (queue, state, n)
@@ -2633,11 +2725,17 @@ BEGIN
     WITH old AS (
         SELECT a.id, a.finished_at FROM batonq.archive a JOIN batonq.queues q ON q.name = a.queue
          WHERE a.finished_at < now() - make_interval(secs => q.retention_s)
+           AND NOT EXISTS (SELECT FROM batonq.joins j
+                            WHERE j.join_task_id = a.join_task_id AND NOT j.resolved)
          LIMIT p_batch
+    ), gone AS (
+        DELETE FROM batonq.archive a USING old
+         WHERE a.id = old.id AND a.finished_at = old.finished_at
+        RETURNING a.id
+    ), joins_gone AS (
+        DELETE FROM batonq.joins j USING gone WHERE j.join_task_id = gone.id
     )
-    DELETE FROM batonq.archive a USING old
-     WHERE a.id = old.id AND a.finished_at = old.finished_at;
-    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    SELECT count(*) INTO v_rows FROM gone;
 
     DELETE FROM batonq.submits s
      WHERE s.ctid = ANY (ARRAY(
@@ -2954,9 +3052,34 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Make a waiting join pending with its elements' results in element order
+-- (a dead element's place holds null), once: the join is then resolved,
+-- and nothing changes its list again. The caller holds the join's row lock.
+CREATE OR REPLACE FUNCTION batonq._gather(p_join batonq.joins) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A new statement: it sees every element, including those committed
+    -- by other transactions while the caller waited on the lock.
+    UPDATE batonq.tasks t SET
+        state = 'pending',
+        run_at = now(),
+        payload = (SELECT coalesce(jsonb_agg(a.result ORDER BY a.fan_index), '[]')
+                     FROM batonq.archive a WHERE a.join_task_id = p_join.join_task_id)
+     WHERE t.queue = p_join.join_queue AND t.id = p_join.join_task_id AND t.state = 'waiting';
+    -- Not waiting (dead of an element, or cancelled): nothing gathers, and
+    -- the join stays unresolved, so that a retry can bring it back.
+    IF FOUND THEN
+        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join.join_task_id;
+        PERFORM batonq._wake(p_join.join_queue);
+    END IF;
+END $$;
+
 -- A fan-out element finished (p_dead: dead or cancelled). The last one
 -- makes its join pending with the ordered results; a dead one makes the join
--- dead at once unless the join takes partial results.
+-- dead at once unless the join takes partial results. Elements are counted
+-- until the join has gathered, whatever the join's state: a join that died
+-- of an element (or was cancelled) knows how many elements are finished
+-- when a retry brings it back (batonq._rejoin, batonq.retry_task).
 CREATE OR REPLACE FUNCTION batonq._join_progress(p_join_task_id bigint, p_dead boolean, p_element bigint,
                                       p_error text)
 RETURNS void
@@ -2964,8 +3087,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_join batonq.joins;
 BEGIN
-    -- The row lock serialises the elements' completions: exactly one of
-    -- them sees the count reach the total.
+    -- The row lock serialises the elements' completions and retries:
+    -- exactly one of them sees the count reach the total.
     UPDATE batonq.joins SET finished = finished + 1
      WHERE join_task_id = p_join_task_id AND NOT resolved
     RETURNING * INTO v_join;
@@ -2973,7 +3096,7 @@ BEGIN
         RETURN;
     END IF;
     IF p_dead AND NOT v_join.partial THEN
-        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join_task_id;
+        -- A join task is never an element itself: no join further on learns of it.
         WITH gone AS (
             DELETE FROM batonq.tasks t
              WHERE t.queue = v_join.join_queue AND t.id = p_join_task_id AND t.state = 'waiting'
@@ -2983,18 +3106,35 @@ BEGIN
         SELECT (batonq._archive_row(g.t, 'dead', NULL,
                 format('fan-out element t_%s is dead: %s', p_element, p_error))).*
           FROM gone g;
-        PERFORM batonq._on_dead(v_join.join_queue, ARRAY[p_join_task_id]);
     ELSIF v_join.finished >= v_join.expected THEN
-        UPDATE batonq.joins SET resolved = true WHERE join_task_id = p_join_task_id;
-        -- A new statement: it sees every element, including those committed
-        -- by other transactions while this one waited on the lock.
-        UPDATE batonq.tasks t SET
-            state = 'pending',
-            run_at = now(),
-            payload = (SELECT coalesce(jsonb_agg(a.result ORDER BY a.fan_index), '[]')
-                         FROM batonq.archive a WHERE a.join_task_id = p_join_task_id)
-         WHERE t.queue = v_join.join_queue AND t.id = p_join_task_id AND t.state = 'waiting';
-        PERFORM batonq._wake(v_join.join_queue);
+        PERFORM batonq._gather(v_join);
+    END IF;
+END $$;
+
+-- A dead or cancelled element is retried: it takes its place in its join
+-- again. Refused (BQ007) when the join has gathered without it or is gone
+-- (past retention). A join that died of an element waits again once no
+-- element is dead; a cancelled join stays cancelled (retry it to gather).
+CREATE OR REPLACE FUNCTION batonq._rejoin(p_element batonq.archive) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_join batonq.joins;
+BEGIN
+    SELECT * INTO v_join FROM batonq.joins WHERE join_task_id = p_element.join_task_id FOR UPDATE;
+    IF NOT FOUND OR v_join.resolved THEN
+        RAISE EXCEPTION 'cannot retry task %: its join t_% %', p_element.id, p_element.join_task_id,
+                        CASE WHEN FOUND THEN 'has gathered its elements without it'
+                             ELSE 'is gone' END
+            USING ERRCODE = 'BQ007',
+                  DETAIL = jsonb_build_object('task_id', p_element.id, 'state', p_element.state)::text;
+    END IF;
+    UPDATE batonq.joins SET finished = finished - 1 WHERE join_task_id = v_join.join_task_id;
+    IF NOT v_join.partial AND NOT EXISTS (
+        SELECT FROM batonq.archive a
+         WHERE a.join_task_id = v_join.join_task_id AND a.id <> p_element.id
+           AND a.state IN ('dead', 'cancelled'))
+    THEN
+        PERFORM batonq._revive(v_join.join_task_id, 'waiting', ARRAY['dead']);
     END IF;
 END $$;
 
@@ -3924,7 +4064,10 @@ BEGIN
                               v_window.opened_at + make_interval(secs => coalesce(p_max_wait_s, 315360000))),
                payload = CASE WHEN p_keep = 'last' THEN p_payload ELSE payload END,
                group_key = CASE WHEN p_keep = 'last' THEN p_group ELSE group_key END
+         -- Never claimed (no fencing token yet): a task that was claimed,
+         -- even one pending again for a retry, has closed its window.
          WHERE queue = p_queue AND id = v_window.task_id AND state = 'pending'
+           AND fencing_token IS NULL
         RETURNING id, queue, false, state, run_at INTO v_reply;
         IF FOUND THEN
             RETURN v_reply;
@@ -3946,6 +4089,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('87e9d40684943630381bc2299708c86451959de2a52033e06edd953a604bac60');
+INSERT INTO batonq.engine (sha256) VALUES ('513f8b484e436d83eb425eb9d4ee41dc68d87a9573770ae43e218190696f6772');
 
 COMMIT;

@@ -74,10 +74,12 @@ async def _until(stopping: asyncio.Event, events: AsyncIterator[str]) -> AsyncIt
     finally:
         stop.cancel()
         # Cancelled from outside (the client went away): the step in flight
-        # goes too. Left running, a claim in it would lease a task for a
+        # goes too, and the stream ends (its slot freed) only once it is
+        # gone. Left running, a claim in it would lease a task for a
         # connection that is gone: an attempt spent, a lease to wait out.
-        if step is not None:
+        if step is not None and not step.done():
             step.cancel()
+            await asyncio.wait({step})
 
 
 class HeldStream(StreamingResponse):

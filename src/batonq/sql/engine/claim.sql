@@ -116,7 +116,7 @@ CREATE OR REPLACE FUNCTION batonq._bucket_tokens(
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN least(p_limit, p_tokens + greatest(extract(epoch FROM p_now - p_at), 0) * p_limit / p_period_s);
 
--- Keeps batonq.group_leases (migrations/0010): a grouped task that becomes
+-- Keeps batonq.group_leases (migrations/0009): a grouped task that becomes
 -- leased or stops being leased (claim, heartbeat taking up a lapsed lease,
 -- complete, fail, release, expiry, cancel, whatever the path) adds a delta
 -- row. Row triggers whose WHEN skips every other change, so tasks without a

@@ -24,7 +24,7 @@ BEGIN
                                v_name, v_table,
                                v_day::timestamp AT TIME ZONE 'UTC',
                                (v_day + 1)::timestamp AT TIME ZONE 'UTC');
-                -- As on every batonq table (migration 0011): no rows for other roles.
+                -- As on every batonq table (migration 0010): no rows for other roles.
                 EXECUTE format('ALTER TABLE batonq.%I ENABLE ROW LEVEL SECURITY', v_name);
                 v_created := v_created + 1;
             EXCEPTION WHEN check_violation OR duplicate_table THEN

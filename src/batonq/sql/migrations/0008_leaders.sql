@@ -1,4 +1,4 @@
--- batonq 0009: the sweeper's leader is elected by a lease row, not a session
+-- batonq 0008: the sweeper's leader is elected by a lease row, not a session
 -- advisory lock. A transaction pooler (PgBouncer in transaction mode) hands
 -- a server session to other clients between transactions: a session lock
 -- taken through it is held by whichever client's server connection took it,

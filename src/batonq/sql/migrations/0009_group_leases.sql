@@ -1,4 +1,4 @@
--- batonq 0010: the leases each group holds, kept as they change, so a
+-- batonq 0009: the leases each group holds, kept as they change, so a
 -- group-limited claim looks a group's count up by key instead of counting
 -- the queue's leases (engine/claim.sql: _pick_in_groups).
 --
