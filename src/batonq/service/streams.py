@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from types import FrameType
 from typing import Any
 
+import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -77,9 +78,13 @@ async def _until(stopping: asyncio.Event, events: AsyncIterator[str]) -> AsyncIt
         # goes too, and the stream ends (its slot freed) only once it is
         # gone. Left running, a claim in it would lease a task for a
         # connection that is gone: an attempt spent, a lease to wait out.
-        if step is not None and not step.done():
-            step.cancel()
-            await asyncio.wait({step})
+        # Shielded: the server's cancel scope would cancel this wait too. Asked
+        # again until it ends: a cancel that lands as a wait inside the step
+        # times out is lost (asyncio.wait_for before Python 3.12).
+        with anyio.CancelScope(shield=True):
+            while step is not None and not step.done():
+                step.cancel()
+                await asyncio.wait({step}, timeout=0.1)
 
 
 class HeldStream(StreamingResponse):
