@@ -22,11 +22,13 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
-from tests.conftest import WORKER_ROLE, scratch_database, with_db
+from tests.conftest import WORKER_ROLE, scratch_database, through_pooler, with_db
+from tests.deployed import pgbouncer
 from tests.waiting import wait_for
 from tests.worker.support import eventually_async
 
 import batonq
+from batonq.client import ENV_LISTEN_DSN
 from batonq.talos import EnqueuedJob, LeaseQueue, PermanentError, run_worker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,20 +60,31 @@ def batonq_quickstart(dsn: str) -> str:
     return program.replace(CONNECTION[1], f"supabase = {dsn!r}  # a PostgreSQL URL\n")
 
 
-@pytest.fixture(params=["batonq migrate", "psql -f sql/batonq.sql"])
-def schema_dsn(request: pytest.FixtureRequest, server_dsn: str, template_db: str) -> Iterator[str]:
+@pytest.fixture(params=["batonq migrate", "psql -f sql/batonq.sql", "through a transaction pooler"])
+def schema_dsn(
+    request: pytest.FixtureRequest, server_dsn: str, template_db: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
     """A new database whose schema was made one way or the other; the
-    worker role's DSN (the role is made with the template database)."""
+    worker role's DSN (the role is made with the template database). Through
+    a transaction-mode PgBouncer (as Supabase's transaction pooler), with
+    ``$BATONQ_LISTEN_URL`` naming the database itself for wake-ups, as
+    docs/supabase.md says."""
     with scratch_database(server_dsn, "batonq_talos") as owner_dsn:
-        if request.param == "batonq migrate":
-            batonq.migrate(owner_dsn)
-        else:
+        if request.param == "psql -f sql/batonq.sql":
             done = subprocess.run(
                 ["psql", "-v", "ON_ERROR_STOP=1", "-q", "-d", owner_dsn, "-f", str(SQL_FILE)],
                 capture_output=True, text=True, timeout=120,
             )  # fmt: skip
             assert done.returncode == 0, done.stderr
-        yield with_db(owner_dsn, conninfo_to_dict(owner_dsn)["dbname"], user=WORKER_ROLE)
+        else:
+            batonq.migrate(owner_dsn)
+        direct = with_db(owner_dsn, conninfo_to_dict(owner_dsn)["dbname"], user=WORKER_ROLE)
+        if request.param != "through a transaction pooler":
+            yield direct
+            return
+        with pgbouncer(server_dsn) as address:
+            monkeypatch.setenv(ENV_LISTEN_DSN, direct)
+            yield through_pooler(direct, address)
 
 
 def test_only_the_import_line_and_the_connection_change() -> None:
