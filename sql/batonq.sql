@@ -613,7 +613,7 @@ INSERT INTO batonq.migrations (version, name) VALUES (6, 'sessions');
 -- (engine/schedules.sql makes the new due_schedules).
 DROP FUNCTION IF EXISTS batonq.due_schedules(integer);
 
-INSERT INTO batonq.migrations (version, name) VALUES (8, 'due_pages');
+INSERT INTO batonq.migrations (version, name) VALUES (7, 'due_pages');
 
 -- migrations/0008_leaders.sql
 -- batonq 0008: the sweeper's leader is elected by a lease row, not a session
@@ -635,7 +635,7 @@ CREATE TABLE batonq.leaders (
 );
 REVOKE ALL ON batonq.leaders FROM PUBLIC;
 
-INSERT INTO batonq.migrations (version, name) VALUES (9, 'leaders');
+INSERT INTO batonq.migrations (version, name) VALUES (8, 'leaders');
 
 -- migrations/0009_group_leases.sql
 -- batonq 0009: the leases each group holds, kept as they change, so a
@@ -681,7 +681,7 @@ END $$;
 
 -- New tables grant nothing to PUBLIC: only the engine's functions touch them.
 
-INSERT INTO batonq.migrations (version, name) VALUES (10, 'group_leases');
+INSERT INTO batonq.migrations (version, name) VALUES (9, 'group_leases');
 
 -- migrations/0010_row_security.sql
 -- Row level security on every batonq table, with no policy: a role that
@@ -704,7 +704,7 @@ BEGIN
     END LOOP;
 END $$;
 
-INSERT INTO batonq.migrations (version, name) VALUES (11, 'row_security');
+INSERT INTO batonq.migrations (version, name) VALUES (10, 'row_security');
 
 -- engine/helpers.sql
 -- batonq engine: helpers shared by the engine's functions. Not granted to the

@@ -2,4 +2,4 @@
 -- (engine/schedules.sql makes the new due_schedules).
 DROP FUNCTION IF EXISTS batonq.due_schedules(integer);
 
-INSERT INTO batonq.migrations (version, name) VALUES (8, 'due_pages');
+INSERT INTO batonq.migrations (version, name) VALUES (7, 'due_pages');

@@ -17,4 +17,4 @@ CREATE TABLE batonq.leaders (
 );
 REVOKE ALL ON batonq.leaders FROM PUBLIC;
 
-INSERT INTO batonq.migrations (version, name) VALUES (9, 'leaders');
+INSERT INTO batonq.migrations (version, name) VALUES (8, 'leaders');

@@ -41,4 +41,4 @@ END $$;
 
 -- New tables grant nothing to PUBLIC: only the engine's functions touch them.
 
-INSERT INTO batonq.migrations (version, name) VALUES (10, 'group_leases');
+INSERT INTO batonq.migrations (version, name) VALUES (9, 'group_leases');

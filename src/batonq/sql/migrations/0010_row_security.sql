@@ -18,4 +18,4 @@ BEGIN
     END LOOP;
 END $$;
 
-INSERT INTO batonq.migrations (version, name) VALUES (11, 'row_security');
+INSERT INTO batonq.migrations (version, name) VALUES (10, 'row_security');
