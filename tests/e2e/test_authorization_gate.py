@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from tests.e2e.live import LiveServer, claim_one, enqueue, new_key
 from tests.mcp_server.support import http_session, text
+from tests.waiting import wait_for
 
 from batonq.access import DOORS, Door
 from batonq.dashboard.views import router as dashboard_router
@@ -62,9 +63,14 @@ def blank(answer: str, target: Target) -> str:
 
 # -- the database, before and after -------------------------------------------
 
-_VOLATILE = {"api_keys": ["last_used_at"], "engine": None}
+_VOLATILE = {
+    "api_keys": ["last_used_at"], "engine": None, "leaders": None, "group_leases": None,
+    "group_lease_deltas": None,
+}  # fmt: skip
 """Columns that a read may change (a key's last use), tables the sweeper
-keeps (its lease): left out of the comparison."""
+keeps (its duties' leases, renewed each tick; the groups' lease counts,
+which it folds from the hot table, compared whole): left out of the
+comparison."""
 
 
 def snapshot(conn: psycopg.Connection[Any]) -> dict[str, Any]:
@@ -131,6 +137,13 @@ def world(shared_server: LiveServer, shared_http: httpx.Client, module_dsn: str)
         MISSING_ID, ("own:nope-a", "own:nope-b"), "own:nope-dead",
     )  # fmt: skip
     with psycopg.connect(module_dsn, autocommit=True) as conn:
+        # The sweeper plans a new schedule's next tick at its next round:
+        # wait for it, or the first snapshot may see it move.
+        wait_for(
+            lambda: conn.execute("SELECT bool_and(next_tick IS NOT NULL) FROM batonq.schedules").fetchone()
+            == (True,),
+            timeout=30, what="the schedule's next tick planned",
+        )  # fmt: skip
         yield World(shared_server, conn, keys, rings, seeded, missing)
 
 
