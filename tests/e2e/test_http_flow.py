@@ -36,9 +36,13 @@ def test_schedules_are_added_listed_paused_and_removed_within_scopes(
         assert other.get("/v1/schedules").json() == {"schedules": []}
         problem(other.post("/v1/schedules/nightly/resume"), 404, "schedule_not_found")
         problem(other.post("/v1/schedules", json=body), 403, "forbidden")
-        # Its name, on a queue it covers: refused without naming the other queue.
+        # A name outside its scopes, on a queue it covers: refused without
+        # naming the other queue, and the same whether the name is taken or not.
         error = problem(other.post("/v1/schedules", json={**body, "queue": "shop:x"}), 403, "forbidden")
-        assert error["message"] == "this key may not replace schedule 'nightly'"
+        assert error["message"] == "this key may not name a schedule 'nightly'"
+        unused = {**body, "name": "unused", "queue": "shop:x"}
+        error = problem(other.post("/v1/schedules", json=unused), 403, "forbidden")
+        assert error["message"] == "this key may not name a schedule 'unused'"
 
     [listed] = http.get("/v1/schedules").json()["schedules"]
     assert (listed["name"], listed["paused"]) == ("nightly", True)
