@@ -169,20 +169,28 @@ def test_fail_with_backoff_then_dead(
     for attempt in range(1, 4):
         [lease] = client.claim(Q)
         assert lease.attempt == attempt
+        # The fail's own clock lies between these two: its delay is at least
+        # run_at - after and at most run_at - before.
+        before = sql.execute("SELECT clock_timestamp()").fetchone()
         reply = client.fail(lease.lease_token, {"msg": f"boom {attempt}"})
+        after = sql.execute("SELECT clock_timestamp()").fetchone()
         if attempt < 3:
-            assert reply.state == "pending"
+            assert reply.state == "pending" and before is not None and after is not None
             row = sql.execute(
-                "SELECT extract(epoch FROM run_at - now()) FROM batonq.tasks WHERE id = %s", (t.task_id,)
+                "SELECT extract(epoch FROM run_at - %s), extract(epoch FROM run_at - %s)"
+                " FROM batonq.tasks WHERE id = %s",
+                (after[0], before[0], t.task_id),
             ).fetchone()
             assert row is not None
-            delays.append(row[0])
+            delays.append((row[0], row[1]))
             assert client.claim(Q) == []
             age(sql, 200)
         else:
             assert reply.state == "dead"
     # base 10 s doubling, jittered down by at most half
-    assert 5 <= delays[0] <= 10 and 10 <= delays[1] <= 20
+    (low1, high1), (low2, high2) = delays
+    assert high1 >= 5 and low1 <= 10, delays
+    assert high2 >= 10 and low2 <= 20, delays
     task = client.task(t.task_id)
     assert task.state == "dead" and task.last_error == '{"msg": "boom 3"}'
     assert [e["error"] for e in task.errors] == [{"msg": f"boom {i}"} for i in (1, 2, 3)]
