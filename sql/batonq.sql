@@ -1774,14 +1774,23 @@ END $$;
 -- A claimer that found nothing sleeps this long (at most) instead of
 -- polling an empty bucket. The group look reads the queue's empty buckets
 -- by index and, for each, the claim index until a due task of its group.
+-- A bucket whose token came due less than 0.2 s ago still counts as empty,
+-- with a wait of 1 ms: the claim that found it empty ran a moment before
+-- this look (a round trip earlier, through a pooler), and a 0 would send
+-- its claimer to sleep for its whole idle wait with a token ready.
 CREATE OR REPLACE FUNCTION batonq.rate_wait_s(p_queue text) RETURNS double precision
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
-    SELECT coalesce((SELECT greatest(
-               coalesce((SELECT (1 - batonq._bucket_tokens(b.tokens, b.at, clock_timestamp(),
-                                                           q.rate_limit, q.rate_period_s))
-                                * q.rate_period_s / q.rate_limit
-                           FROM batonq.rate_buckets b WHERE b.queue = q.name AND q.rate_limit IS NOT NULL), 0),
+    SELECT coalesce((SELECT CASE WHEN w.s > -0.2 THEN greatest(w.s, 0.001) ELSE 0 END
+      FROM batonq.queues q,
+           LATERAL (SELECT greatest(
+               -- (The queue's bucket short of a token when last taken from:
+               -- its next token's time, uncapped, so a token long due is
+               -- far below -0.2 s.)
+               coalesce((SELECT (1 - b.tokens) * q.rate_period_s / q.rate_limit
+                                - extract(epoch FROM clock_timestamp() - b.at)
+                           FROM batonq.rate_buckets b
+                          WHERE b.queue = q.name AND q.rate_limit IS NOT NULL AND b.tokens < 1), -1),
                -- A group's bucket holds a token again once it is full within
                -- group_rate_limit - 1 tokens' time.
                coalesce((SELECT extract(epoch FROM min(g.full_at) - clock_timestamp())
@@ -1789,12 +1798,10 @@ BEGIN ATOMIC
                            FROM batonq.group_rate_buckets g
                           WHERE g.queue = q.name AND q.group_rate_limit IS NOT NULL
                             AND g.full_at > clock_timestamp() + make_interval(
-                                    secs => (q.group_rate_limit - 1) * q.rate_period_s / q.group_rate_limit)
+                                    secs => (q.group_rate_limit - 1) * q.rate_period_s / q.group_rate_limit - 0.2)
                             AND EXISTS (SELECT FROM batonq.tasks t
                                          WHERE t.queue = q.name AND t.state = 'pending'
-                                           AND t.run_at <= now() AND t.group_key = g.group_key)), 0),
-               0)
-      FROM batonq.queues q
+                                           AND t.run_at <= now() AND t.group_key = g.group_key)), -1)) AS s) w
      WHERE q.name = p_queue), 0)::double precision;
 END;
 
@@ -4089,6 +4096,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('513f8b484e436d83eb425eb9d4ee41dc68d87a9573770ae43e218190696f6772');
+INSERT INTO batonq.engine (sha256) VALUES ('3b0013a85f2f4ea404569ad921421907d4f52830f7e535d13df19c3a218df778');
 
 COMMIT;

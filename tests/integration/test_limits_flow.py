@@ -314,6 +314,34 @@ def test_a_long_poll_on_a_group_with_an_empty_rate_bucket_wakes_when_its_token_i
     assert 1.0 < returned - started < 4.0  # the token's time, not the 30 s poll
 
 
+@pytest.mark.parametrize("limit", ["rate_limit", "group_rate_limit"])
+def test_a_token_that_came_due_a_moment_ago_still_answers_a_wait(
+    admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any], limit: str
+) -> None:
+    """A claim found the bucket empty; its token comes due before the
+    claimer asks how long to sleep (a round trip later). The answer is a
+    moment, not 0 ("no rate limit holds you": a whole idle wait)."""
+    admin.configure_queue(Q, rate_period_s=10, **{limit: 1})
+    admin.enqueue_many(Q, [{"n": 1}, {"n": 2}], group="acme")
+    assert len(client.claim(Q, max_tasks=2)) == 1  # the one token
+    assert 9.0 < client.rate_wait([Q]) <= 10.0
+    # Move the bucket's clock so that its token came due 0.1 s ago.
+    if limit == "rate_limit":
+        sql.execute("UPDATE batonq.rate_buckets SET tokens = 0, at = clock_timestamp() - interval '10.1 s'"
+                    " WHERE queue = %s", (Q,))  # fmt: skip
+    else:
+        sql.execute("UPDATE batonq.group_rate_buckets SET full_at = clock_timestamp() - interval '0.1 s'"
+                    " WHERE queue = %s", (Q,))  # fmt: skip
+    assert 0 < client.rate_wait([Q]) < 0.01
+    # Long past due, the bucket holds nothing back.
+    if limit == "rate_limit":
+        sql.execute("UPDATE batonq.rate_buckets SET at = at - interval '1 s' WHERE queue = %s", (Q,))
+    else:
+        sql.execute("UPDATE batonq.group_rate_buckets SET full_at = full_at - interval '1 s'"
+                    " WHERE queue = %s", (Q,))  # fmt: skip
+    assert client.rate_wait([Q]) == 0
+
+
 def test_the_maintenance_prunes_the_rate_buckets_of_groups_idle_for_a_period(
     admin: batonq.Client, client: batonq.Client, sql: psycopg.Connection[Any]
 ) -> None:
