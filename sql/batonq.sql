@@ -706,6 +706,33 @@ END $$;
 
 INSERT INTO batonq.migrations (version, name) VALUES (10, 'row_security');
 
+-- migrations/0011_service_role.sql
+-- batonq_service: the role `batonq serve` (and `batonq mcp`) may run as
+-- instead of the schema's owner. A worker's functions, and those of the
+-- service's work on behalf of its API keys: checking keys and dashboard
+-- sessions, managing keys, settings, schedules and the graph, operator
+-- actions. No table, no DDL: every call goes through the engine's
+-- SECURITY DEFINER functions (the GRANTs in engine/*.sql), and row level
+-- security hides the tables themselves (migrations/0010).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'batonq_service') THEN
+        CREATE ROLE batonq_service NOLOGIN;
+    END IF;
+EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+END $$;
+
+DO $$
+BEGIN
+    IF NOT pg_has_role('batonq_service', 'batonq_worker', 'MEMBER') THEN
+        GRANT batonq_worker TO batonq_service;
+    END IF;
+END $$;
+
+GRANT USAGE ON SCHEMA batonq TO batonq_service;
+
+INSERT INTO batonq.migrations (version, name) VALUES (11, 'service_role');
+
 -- engine/helpers.sql
 -- batonq engine: helpers shared by the engine's functions. Not granted to the
 -- worker or reader roles: only the engine calls them.
@@ -1364,6 +1391,10 @@ GRANT EXECUTE ON FUNCTION
     batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text),
     batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[])
 TO batonq_worker;
+GRANT EXECUTE ON FUNCTION
+    batonq.configure_queue(text, integer, integer, double precision, double precision, integer, integer, boolean,
+                           integer, integer, integer, double precision, integer, text)
+TO batonq_service;
 
 -- engine/claim.sql
 -- batonq engine: claim, lease expiry and the sweep.
@@ -2259,6 +2290,7 @@ GRANT EXECUTE ON FUNCTION
     batonq.fail(text, jsonb, double precision, boolean),
     batonq.release_lease(text)
 TO batonq_worker;
+GRANT EXECUTE ON FUNCTION batonq.lease_token_for_key(bigint, bigint, bigint) TO batonq_service;
 
 -- engine/operator.sql
 -- batonq engine: reads, the finished counts, and operator actions on a task
@@ -2635,6 +2667,9 @@ GRANT EXECUTE ON FUNCTION
     batonq.queue_stats(text, text, integer, text[]),
     batonq.list_queues(text[])
 TO batonq_reader;
+GRANT EXECUTE ON FUNCTION
+    batonq.retry_task(bigint), batonq.cancel_task(bigint), batonq.hold_task(bigint), batonq.release_task(bigint)
+TO batonq_service;
 
 -- engine/maintenance.sql
 -- batonq engine: archive partitions and retention.
@@ -3304,6 +3339,10 @@ END $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint, integer), batonq.run_status(bigint)
 TO batonq_reader;
+GRANT EXECUTE ON FUNCTION
+    batonq.add_edge(text, text, text, text, text, jsonb, boolean, boolean, boolean, integer, double precision),
+    batonq.remove_edge(text, text)
+TO batonq_service;
 
 -- engine/keys.sql
 -- batonq engine: API keys for the HTTP service and the MCP server.
@@ -3471,9 +3510,16 @@ END;
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION
+-- Keys and dashboard sessions are the service's (a worker's role that could
+-- make a session for any key could act as that key on the dashboard).
+REVOKE EXECUTE ON FUNCTION
     batonq.create_session(bigint, bytea, bytea), batonq.session_for_auth(bytea), batonq.end_session(bytea)
-TO batonq_worker;
+FROM batonq_worker;
+GRANT EXECUTE ON FUNCTION
+    batonq.create_key(integer, text[], text), batonq.key_for_auth(bigint), batonq.list_keys(),
+    batonq.revoke_key(bigint), batonq.create_first_key(),
+    batonq.create_session(bigint, bytea, bytea), batonq.session_for_auth(bytea), batonq.end_session(bytea)
+TO batonq_service;
 
 -- engine/dashboard.sql
 -- batonq engine: the reads behind the dashboard (batonq serve, /ui).
@@ -3732,8 +3778,9 @@ BEGIN ATOMIC
 END;
 
 -- A function is executable by PUBLIC when made: take that back. Reading
--- the audit and acting for someone else stay with the schema's owner.
+-- the audit is the service's and the owner's.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION batonq.list_settings_audit(text, text, integer, bigint) TO batonq_service;
 
 -- engine/schedules.sql
 -- batonq engine: cron schedules. Cron expressions are read by the firer
@@ -4015,6 +4062,10 @@ GRANT EXECUTE ON FUNCTION
     batonq.fire_schedules(text[], timestamptz[], timestamptz[], timestamptz[], timestamptz[], integer[], timestamptz[]),
     batonq.fire_schedule(text, timestamptz, timestamptz, timestamptz, timestamptz[], timestamptz)
 TO batonq_worker;
+GRANT EXECUTE ON FUNCTION
+    batonq.add_schedule(text, text, text, jsonb, text, text, text), batonq.remove_schedule(text, text),
+    batonq.pause_schedule(text, boolean, text), batonq.list_schedule_firings(text, integer)
+TO batonq_service;
 
 -- engine/debounce.sql
 -- batonq engine: debounced enqueue.
@@ -4096,6 +4147,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('3b0013a85f2f4ea404569ad921421907d4f52830f7e535d13df19c3a218df778');
+INSERT INTO batonq.engine (sha256) VALUES ('7d6d879b37c8aafcdb0db7b7c3fd3497fd28d65a41f3cecd4deead91b1fb4ff3');
 
 COMMIT;

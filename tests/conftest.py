@@ -34,6 +34,7 @@ from batonq.client import ENV_LISTEN_DSN
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 WORKER_ROLE = "batonq_test_worker"
 READER_ROLE = "batonq_test_reader"
+SERVICE_ROLE = "batonq_test_service"
 
 
 def _server_dsn() -> Iterator[str]:
@@ -70,7 +71,9 @@ def template_db(server_dsn: str) -> Iterator[str]:
         conn.execute(f'CREATE DATABASE "{name}"')
     batonq.migrate(with_db(server_dsn, name))
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        for role, member_of in ((WORKER_ROLE, "batonq_worker"), (READER_ROLE, "batonq_reader")):
+        for role, member_of in (
+            (WORKER_ROLE, "batonq_worker"), (READER_ROLE, "batonq_reader"), (SERVICE_ROLE, "batonq_service")
+        ):
             with contextlib.suppress(psycopg.errors.DuplicateObject):
                 conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {member_of}")
     yield name
@@ -163,8 +166,29 @@ def service_dsn(
 
 
 @pytest.fixture
+def serve_dsn(
+    admin_dsn: str,
+    pooler: tuple[str, int] | None,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> str:
+    """The DSN ``batonq serve`` runs with in the tests: a role with nothing
+    but batonq_service's grants, as in deploy/batonq.service (through
+    PgBouncer in that mode, unless the test is marked ``direct``)."""
+    return pooled(make_conninfo(admin_dsn, user=SERVICE_ROLE), pooler, monkeypatch, request)
+
+
+@pytest.fixture
 def reader_dsn(dsn: str) -> str:
     return make_conninfo(dsn, user=READER_ROLE)
+
+
+@pytest.fixture
+def service(dsn: str) -> Iterator[batonq.Client]:
+    """A client as a role with nothing but batonq_service's grants, as
+    ``batonq serve`` runs in deploy/batonq.service."""
+    with batonq.connect(make_conninfo(dsn, user=SERVICE_ROLE), poll_interval_s=0.2) as c:
+        yield c
 
 
 @pytest.fixture

@@ -20,7 +20,9 @@ from tests.e2e.live import free_port
 from tests.waiting import wait_for
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
-USERS = ("postgres", "batonq_test_worker", "batonq_test_reader")
+USERS = (
+    "postgres", "batonq_test_worker", "batonq_test_reader", "batonq_test_service", "batonq_api", "batonq_app"
+)  # fmt: skip
 
 
 def fill(template: Path, values: dict[str, str]) -> str:

@@ -17,14 +17,14 @@ Serve = Callable[..., LiveServer]
 
 
 @pytest.fixture
-def serve(service_dsn: str) -> Iterator[Serve]:
+def serve(serve_dsn: str) -> Iterator[Serve]:
     """Start ``batonq serve`` processes on this test's database (through
     PgBouncer with BATONQ_TEST_PGBOUNCER=1):
     ``serve("--max-body-bytes", "4096")``; all are stopped at teardown."""
     started: list[LiveServer] = []
 
     def start(*args: str) -> LiveServer:
-        server = LiveServer(service_dsn, "--keepalive", str(KEEPALIVE_S), *args)
+        server = LiveServer(serve_dsn, "--keepalive", str(KEEPALIVE_S), *args)
         started.append(server)
         return server
 

@@ -277,7 +277,7 @@ def test_serve_through_the_pooler_as_deployment_md_shows(
     """$BATONQ_DATABASE_URL the pooler, $BATONQ_LISTEN_URL PostgreSQL: the
     service starts and a long-poll is woken by an enqueue. Without the
     listen URL it refuses to start, saying why; as a role that is only
-    batonq_worker's it refuses too (it checks keys as the schema's owner)."""
+    batonq_worker's it refuses too (checking keys takes batonq_service)."""
     no_listen = _batonq("--dsn", owner_pooled_dsn, "serve", "--port", str(free_port()))
     assert no_listen.returncode == 1
     assert "error: direct_connection_needed:" in no_listen.stderr

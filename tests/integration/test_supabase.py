@@ -93,7 +93,8 @@ async def test_a_createrole_owner_migrates_and_works(owner_dsn: str) -> None:
 
 def test_a_createrole_owner_makes_the_roles_on_a_new_server() -> None:
     """On a server batonq never saw (no batonq roles yet), the owner makes
-    batonq's roles as it migrates, then a login role for its workers. (The
+    batonq's roles as it migrates, then login roles for its workers and its
+    service. (The
     private server is PostgreSQL 16, where a CREATEROLE role administers only
     the roles it made; the shared one may be older.)"""
     with private_cluster() as cluster, psycopg.connect(cluster.dsn, autocommit=True) as server:
@@ -103,16 +104,22 @@ def test_a_createrole_owner_makes_the_roles_on_a_new_server() -> None:
         assert batonq.migrate(owner_dsn) == migrations()
         with psycopg.connect(owner_dsn, autocommit=True) as owner:
             made = owner.execute(
-                """SELECT r.rolname, pg_has_role('batonq_worker', 'batonq_reader', 'MEMBER')
+                """SELECT r.rolname, pg_has_role(r.rolname, 'batonq_reader', 'MEMBER'),
+                          pg_has_role(r.rolname, 'batonq_worker', 'MEMBER')
                      FROM pg_roles r WHERE r.rolname LIKE 'batonq%' ORDER BY 1"""
             ).fetchall()
             owner.execute("CREATE ROLE transcoder LOGIN IN ROLE batonq_worker")
-        assert made == [("batonq_reader", True), ("batonq_worker", True)]
+            owner.execute("CREATE ROLE api LOGIN IN ROLE batonq_service")
+        assert made == [
+            ("batonq_reader", True, False), ("batonq_service", True, True), ("batonq_worker", True, True)
+        ]  # fmt: skip
         with LeaseQueue(make_conninfo(owner_dsn, user="transcoder")) as queue:
             job = queue.enqueue(kind="transcode", dedupe_key="video:892", payload={"video_id": 892})
             [lease] = queue.client.claim("transcode")
             assert lease.task_id == job.id
             assert queue.client.complete(lease.lease_token, {"status": "success"}).outcome == "accepted"
+        with batonq.connect(make_conninfo(owner_dsn, user="api")) as service:
+            assert service.create_first_key() is not None  # batonq serve's first step
 
 
 def _batonq_tables(conn: psycopg.Connection[Any]) -> dict[str, bool]:

@@ -27,8 +27,9 @@ _ENV_APP = "BATONQ_SERVE_APP"
 _HEALTHCHECK_S = 60
 _log = logging.getLogger("batonq.serve")
 _NOT_OWNER = (
-    "batonq serve checks API keys and runs operator actions, which only the batonq schema's owner"
-    " may: connect as the role that ran `batonq migrate` (a role in batonq_worker is for workers)"
+    "batonq serve checks API keys and runs operator actions: connect as a role in batonq_service"
+    " (CREATE ROLE batonq_api LOGIN IN ROLE batonq_service) or as the schema's owner"
+    " (a role in batonq_worker is for workers)"
 )
 
 

@@ -58,5 +58,6 @@ BEGIN ATOMIC
 END;
 
 -- A function is executable by PUBLIC when made: take that back. Reading
--- the audit and acting for someone else stay with the schema's owner.
+-- the audit is the service's and the owner's.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION batonq.list_settings_audit(text, text, integer, bigint) TO batonq_service;

@@ -352,3 +352,7 @@ GRANT EXECUTE ON FUNCTION
     batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text),
     batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[])
 TO batonq_worker;
+GRANT EXECUTE ON FUNCTION
+    batonq.configure_queue(text, integer, integer, double precision, double precision, integer, integer, boolean,
+                           integer, integer, integer, double precision, integer, text)
+TO batonq_service;

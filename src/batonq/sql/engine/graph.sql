@@ -416,3 +416,7 @@ END $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION batonq.list_edges(), batonq.run_tasks(bigint, integer), batonq.run_status(bigint)
 TO batonq_reader;
+GRANT EXECUTE ON FUNCTION
+    batonq.add_edge(text, text, text, text, text, jsonb, boolean, boolean, boolean, integer, double precision),
+    batonq.remove_edge(text, text)
+TO batonq_service;

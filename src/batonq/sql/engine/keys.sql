@@ -163,6 +163,13 @@ END;
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION
+-- Keys and dashboard sessions are the service's (a worker's role that could
+-- make a session for any key could act as that key on the dashboard).
+REVOKE EXECUTE ON FUNCTION
     batonq.create_session(bigint, bytea, bytea), batonq.session_for_auth(bytea), batonq.end_session(bytea)
-TO batonq_worker;
+FROM batonq_worker;
+GRANT EXECUTE ON FUNCTION
+    batonq.create_key(integer, text[], text), batonq.key_for_auth(bigint), batonq.list_keys(),
+    batonq.revoke_key(bigint), batonq.create_first_key(),
+    batonq.create_session(bigint, bytea, bytea), batonq.session_for_auth(bytea), batonq.end_session(bytea)
+TO batonq_service;

@@ -372,3 +372,6 @@ GRANT EXECUTE ON FUNCTION
     batonq.queue_stats(text, text, integer, text[]),
     batonq.list_queues(text[])
 TO batonq_reader;
+GRANT EXECUTE ON FUNCTION
+    batonq.retry_task(bigint), batonq.cancel_task(bigint), batonq.hold_task(bigint), batonq.release_task(bigint)
+TO batonq_service;

@@ -277,3 +277,7 @@ GRANT EXECUTE ON FUNCTION
     batonq.fire_schedules(text[], timestamptz[], timestamptz[], timestamptz[], timestamptz[], integer[], timestamptz[]),
     batonq.fire_schedule(text, timestamptz, timestamptz, timestamptz, timestamptz[], timestamptz)
 TO batonq_worker;
+GRANT EXECUTE ON FUNCTION
+    batonq.add_schedule(text, text, text, jsonb, text, text, text), batonq.remove_schedule(text, text),
+    batonq.pause_schedule(text, boolean, text), batonq.list_schedule_firings(text, integer)
+TO batonq_service;

@@ -418,3 +418,4 @@ GRANT EXECUTE ON FUNCTION
     batonq.fail(text, jsonb, double precision, boolean),
     batonq.release_lease(text)
 TO batonq_worker;
+GRANT EXECUTE ON FUNCTION batonq.lease_token_for_key(bigint, bigint, bigint) TO batonq_service;
