@@ -62,3 +62,34 @@ def test_readme_curl_session_is_the_tested_one() -> None:
     sessions = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.DOTALL) if "/v1/submit" in b]
     assert len(sessions) == 1
     assert sessions[0] in http
+
+
+def _citus_section() -> str:
+    text = (ROOT / "docs" / "scaling.md").read_text(encoding="utf-8")
+    return text.split("## Citus: distributing by queue", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_citus_plan_names_every_table(sql: psycopg.Connection[Any]) -> None:
+    """Its table of tables has one row per batonq table (partitions aside):
+    a new table cannot be left out of the plan."""
+    tables = {
+        name
+        for (name,) in sql.execute(
+            "SELECT relname FROM pg_class WHERE relnamespace = 'batonq'::regnamespace"
+            " AND relkind IN ('r', 'p') AND NOT relispartition"
+        ).fetchall()
+    }
+    tables_part = _citus_section().split("### Table by table", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| `([a-z_]+)`((?:, `[a-z_]+`)*)", tables_part, re.M)
+    planned = {first for first, _ in rows} | {n for _, more in rows for n in re.findall(r"`([a-z_]+)`", more)}
+    assert planned == tables
+
+
+def test_the_citus_plan_names_functions_that_exist(sql: psycopg.Connection[Any]) -> None:
+    """Every create_distributed_function signature in the plan is one of the engine's."""
+    named = re.findall(r"create_distributed_function\('([^']+)'", _citus_section())
+    assert len(named) >= 7
+    for signature in named:
+        assert sql.execute("SELECT to_regprocedure(%s) IS NOT NULL", (signature,)).fetchone() == (True,), (
+            signature
+        )
