@@ -1755,7 +1755,10 @@ BEGIN
         UPDATE batonq.tasks t SET
             state = 'leased',
             attempts = t.attempts + 1,
-            fencing_token = nextval('batonq.fencing_seq'),
+            -- Above the task's last token even if the sequence is behind
+            -- it (restored, or one of a node's ranges under Citus:
+            -- docs/scaling.md): a stale holder's token is always smaller.
+            fencing_token = greatest(nextval('batonq.fencing_seq'), t.fencing_token + 1),
             lease_secret = gen_random_uuid(),
             lease_s = v_lease_s,
             lease_expires_at = now() + make_interval(secs => v_lease_s),
@@ -4147,6 +4150,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('7d6d879b37c8aafcdb0db7b7c3fd3497fd28d65a41f3cecd4deead91b1fb4ff3');
+INSERT INTO batonq.engine (sha256) VALUES ('1fc9240757a91cfe01fab1aa572f3adc7ed7d7883695dafd8dda6edf420cbaf9');
 
 COMMIT;

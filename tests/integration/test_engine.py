@@ -42,6 +42,24 @@ def test_tokens_only_grow(client: batonq.Client) -> None:
     assert min(seen[5:10]) > max(seen[:5])
 
 
+def test_a_tasks_token_grows_even_when_the_sequence_is_behind_it(
+    client: batonq.Client, sql: psycopg.Connection[Any]
+) -> None:
+    """A sequence restored lower (or one node's range under Citus) still
+    gives a task a token above its last, so its stale holder stays fenced."""
+    client.enqueue(Q, {"n": 1})
+    sql.execute("SELECT setval('batonq.fencing_seq', 1000)")
+    [a] = client.claim(Q, lease_s=60, worker="A")
+    assert a.fencing_token == 1001
+    sql.execute("ALTER SEQUENCE batonq.fencing_seq RESTART WITH 1")
+    age(sql, 61)
+    [b] = client.claim(Q, lease_s=60, worker="B")
+    assert (b.task_id, b.fencing_token) == (a.task_id, 1002)
+    with pytest.raises(batonq.LeaseLost):
+        client.complete(a.lease_token, {"by": "A"})
+    assert client.complete(b.lease_token, {"by": "B"}).outcome == "accepted"
+
+
 def test_zombie_write_is_refused_and_set_aside(client: batonq.Client, sql: psycopg.Connection[Any]) -> None:
     client.enqueue(Q, {"n": 1})
     [a] = client.claim(Q, lease_s=60, worker="A")

@@ -132,7 +132,9 @@ class Worker:
         self._given_client = client
         self._client: AsyncClient | None = None
         self._completions: Completions | None = None
-        self._running: dict[int, Execution] = {}
+        # By task and fencing token: a token is monotonic per task, and
+        # unique across tasks only while one sequence hands them all out.
+        self._running: dict[tuple[int, int], Execution] = {}
         self._busy = 0
         """Jobs whose handler has not returned yet: the slots taken."""
         self._more_claimable = False
@@ -401,7 +403,7 @@ class Worker:
         self.claimed += 1
         self._busy += 1
         self._jobs_started.set()
-        self._running[lease.fencing_token] = execution
+        self._running[lease.task_id, lease.fencing_token] = execution
 
     def _ran(self, execution: Execution) -> None:
         """A handler returned: its slot takes the next task while its outcome
@@ -412,7 +414,7 @@ class Worker:
             self._poke_dispatcher()
 
     def _finished(self, execution: Execution) -> None:
-        self._running.pop(execution.job.fencing_token, None)
+        self._running.pop((execution.job.id, execution.job.fencing_token), None)
         self.finished += 1
         if execution.status in _FAILED:
             self.failed += 1

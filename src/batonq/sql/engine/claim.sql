@@ -356,7 +356,10 @@ BEGIN
         UPDATE batonq.tasks t SET
             state = 'leased',
             attempts = t.attempts + 1,
-            fencing_token = nextval('batonq.fencing_seq'),
+            -- Above the task's last token even if the sequence is behind
+            -- it (restored, or one of a node's ranges under Citus:
+            -- docs/scaling.md): a stale holder's token is always smaller.
+            fencing_token = greatest(nextval('batonq.fencing_seq'), t.fencing_token + 1),
             lease_secret = gen_random_uuid(),
             lease_s = v_lease_s,
             lease_expires_at = now() + make_interval(secs => v_lease_s),
