@@ -184,7 +184,7 @@ def reader_dsn(dsn: str) -> str:
 
 
 @pytest.fixture
-def service(dsn: str) -> Iterator[batonq.Client]:
+def service_client(dsn: str) -> Iterator[batonq.Client]:
     """A client as a role with nothing but batonq_service's grants, as
     ``batonq serve`` runs in deploy/batonq.service."""
     with batonq.connect(make_conninfo(dsn, user=SERVICE_ROLE), poll_interval_s=0.2) as c:

@@ -20,6 +20,7 @@ from tests.e2e.live import free_port
 from tests.waiting import wait_for
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+INSTALLED = "/opt/batonq/bin/batonq"  # where the systemd units expect batonq
 USERS = (
     "postgres", "batonq_test_worker", "batonq_test_reader", "batonq_test_service", "batonq_api", "batonq_app"
 )  # fmt: skip

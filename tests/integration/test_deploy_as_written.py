@@ -15,22 +15,21 @@ import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
 
 import httpx
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from tests.deployed import DEPLOY, pgbouncer
+from tests.deployed import DEPLOY, INSTALLED, pgbouncer
 from tests.e2e.live import ADMIN_KEY, free_port
 from tests.waiting import wait_for
 from tests.worker.support import BATONQ, ROOT
 
-INSTALLED = "/opt/batonq/bin/batonq"
 POOLER_PORT = "6432"  # the units' PgBouncer; any other address is PostgreSQL itself
 ROLES = {"batonq_api": "batonq_service", "batonq_app": "batonq_worker"}
 APP = "tests.worker.worker_apps:app"
+Rewrite = Callable[[str], str]
 
 
 def unit(name: str) -> tuple[dict[str, str], list[str], str]:
@@ -55,14 +54,13 @@ def bouncer(server_dsn: str) -> Iterator[tuple[str, int]]:
 
 
 @pytest.fixture
-def here(admin_dsn: str, bouncer: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> Any:
+def here(admin_dsn: str, bouncer: tuple[str, int]) -> Rewrite:
     """The units' URLs pointed at this machine: same role, this test's database."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         for role, group in ROLES.items():
             with contextlib.suppress(psycopg.errors.DuplicateObject):
                 conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
     server = conninfo_to_dict(admin_dsn)
-    monkeypatch.delenv("BATONQ_LISTEN_URL", raising=False)
 
     def rewrite(url: str) -> str:
         params = conninfo_to_dict(url)
@@ -75,7 +73,7 @@ def here(admin_dsn: str, bouncer: tuple[str, int], monkeypatch: pytest.MonkeyPat
     return rewrite
 
 
-def start(name: str, here: Any, *replace: tuple[str, str]) -> subprocess.Popen[str]:
+def start(name: str, here: Rewrite, *replace: tuple[str, str]) -> subprocess.Popen[str]:
     env, command, workdir = unit(name)
     assert command[0] == INSTALLED
     args = [BATONQ, *command[1:]]
@@ -102,7 +100,7 @@ def stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def test_the_units_run_as_their_least_privilege_roles(here: Any, admin_dsn: str) -> None:
+def test_the_units_run_as_their_least_privilege_roles(here: Rewrite, admin_dsn: str) -> None:
     """The service starts as batonq_api (it prints the first admin key and
     answers an enqueue); a worker as batonq_app does the tasks; neither
     role may read a batonq table."""

@@ -9,9 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-INSTALLED = "/opt/batonq/bin/batonq"  # where the units expect batonq
+from tests.deployed import DEPLOY, INSTALLED
 
 
 @pytest.mark.parametrize(("unit", "as_name"), [

@@ -26,7 +26,7 @@ _ENV_APP = "BATONQ_SERVE_APP"
 # Seconds a --workers process may take to answer uvicorn's health check.
 _HEALTHCHECK_S = 60
 _log = logging.getLogger("batonq.serve")
-_NOT_OWNER = (
+_NOT_SERVICE = (
     "batonq serve checks API keys and runs operator actions: connect as a role in batonq_service"
     " (CREATE ROLE batonq_api LOGIN IN ROLE batonq_service) or as the schema's owner"
     " (a role in batonq_worker is for workers)"
@@ -132,7 +132,7 @@ def serve(
         try:
             first = client.create_first_key()
         except psycopg.errors.InsufficientPrivilege as error:
-            raise Failure("permission_denied", _NOT_OWNER) from error
+            raise Failure("permission_denied", _NOT_SERVICE) from error
     shown = f"[{host}]" if ":" in host else host
     dashboard = f"http://{shown}:{port}/ui"
     # uvicorn's own text logs, or JSON lines from every logger it and batonq use.
