@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from fastapi import APIRouter
 from tests.e2e.live import LiveServer, claim_one, enqueue, new_key
 from tests.mcp_server.support import http_session, text
 from tests.waiting import wait_for
@@ -232,7 +233,8 @@ def test_http_refusals_change_nothing_and_hide_what_exists(world: World, who: st
                 assert response.status_code in (403, 404), f"{who} {door}: {response.text}"
                 missing, _ = _call_http(world, who, door, world.missing)
                 assert (response.status_code, blank(response.text, world.seeded)) == (
-                    missing.status_code, blank(missing.text, world.missing)
+                    missing.status_code,
+                    blank(missing.text, world.missing),
                 ), f"{door}: a foreign object answers unlike a missing one"
             else:
                 assert response.status_code == 200, f"{who} {door}: {response.text}"
@@ -362,7 +364,8 @@ def test_dashboard_refusals_change_nothing_and_hide_what_exists(world: World, wh
                 answer = _post(browser, door, world.seeded, csrf)
                 missing = _post(browser, door, world.missing, csrf)
                 assert (answer.status_code, _page_text(answer, world.seeded)) == (
-                    missing.status_code, _page_text(missing, world.missing)
+                    missing.status_code,
+                    _page_text(missing, world.missing),
                 ), f"{door}: a foreign object answers unlike a missing one"
             else:
                 continue
@@ -378,10 +381,17 @@ def test_a_door_without_a_declaration_is_not_served(monkeypatch: pytest.MonkeyPa
     @app.get("/v1/ungated")
     async def ungated() -> None: ...
 
+    sneaky = APIRouter(prefix="/v1")  # how every /v1 module adds its routes
+
+    @sneaky.post("/sneaky")
+    async def in_a_router() -> None: ...
+
+    app.include_router(sneaky)
     monkeypatch.setitem(DOORS, "GET /v1/ungated", Door(OBSERVER))
     with pytest.raises(RuntimeError) as refused:
         check_doors(app)
-    assert "GET /v1/undeclared" in str(refused.value) and "/v1/ungated" in str(refused.value)
+    for door in ("GET /v1/undeclared", "/v1/ungated", "POST /v1/sneaky"):
+        assert door in str(refused.value)
     monkeypatch.setitem(TOOLS, "batonq_undeclared", TOOLS["batonq_queues"])
     with pytest.raises(RuntimeError, match="mcp batonq_undeclared"):
         build_server()

@@ -3,6 +3,7 @@ key against its route's declaration in ``batonq.access.DOORS``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
@@ -34,11 +35,23 @@ Key = Annotated[Access, Depends(gated)]
 """A route's key: declare the route in ``batonq.access.DOORS``."""
 
 
-def _doors(route: BaseRoute) -> list[str]:
+def _served(routes: Iterable[BaseRoute], prefix: str = "") -> Iterator[tuple[str, BaseRoute]]:
+    """Every route the app serves, with its full path. FastAPI 0.120+ keeps an
+    included router as one entry in ``app.routes``; its routes are inside."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            inner = getattr(getattr(route, "include_context", None), "prefix", "")
+            yield from _served(included.routes, prefix + inner)
+        else:
+            yield prefix + getattr(route, "path", ""), route
+
+
+def _doors(path: str, route: BaseRoute) -> list[str]:
     if isinstance(route, Mount):
-        return [door_of("GET", route.path)]
+        return [door_of("GET", path)]
     if isinstance(route, Route | APIRoute):
-        return [door_of(m, route.path) for m in sorted(route.methods or ()) if m != "HEAD"]
+        return [door_of(m, path) for m in sorted(route.methods or ()) if m != "HEAD"]
     return []
 
 
@@ -49,10 +62,12 @@ def _checks_key(route: APIRoute) -> bool:
 def check_doors(app: FastAPI) -> None:
     """Refuse to serve an app with a route that has no declaration in
     ``DOORS``, or a keyed /v1 route that does not pass the gate."""
-    routes = list(app.routes)
-    missing = undeclared(name for route in routes for name in _doors(route))
+    routes = list(_served(app.routes))
+    missing = undeclared(name for path, route in routes for name in _doors(path, route))
     ungated = [
-        r.path for r in routes if isinstance(r, APIRoute) and r.path.startswith("/v1/") and not _checks_key(r)
+        path
+        for path, r in routes
+        if isinstance(r, APIRoute) and path.startswith("/v1/") and not _checks_key(r)
     ]
     if missing or ungated:
         raise RuntimeError(f"routes not declared in batonq.access.DOORS, or not gated: {missing + ungated}")
