@@ -271,22 +271,45 @@ def check_wait(wait_s: float) -> float:
     return float(wait_s)
 
 
+def _queue_of(lease_token: str) -> str:
+    """The queue a lease token names first: the writes take it as their first
+    argument, by which a sharded deployment routes them (docs/scaling.md)."""
+    return lease_token.partition("/")[0]
+
+
 def heartbeat(lease_token: str, *, lease_s: int | None = None, stage: str | None = None) -> Call[Submitted]:
-    return Call("SELECT * FROM batonq.heartbeat(%s, %s, %s)", (lease_token, lease_s, stage), _submitted)
+    return Call(
+        "SELECT * FROM batonq.heartbeat_in(%s, %s, %s, %s)",
+        (_queue_of(lease_token), lease_token, lease_s, stage),
+        _submitted,
+    )
 
 
 def complete(lease_token: str, result: JSON = None) -> Call[Submitted]:
-    return Call("SELECT * FROM batonq.complete(%s, %s)", (lease_token, _json(result)), _submitted)
+    return Call(
+        "SELECT * FROM batonq.complete_in(%s, %s, %s)",
+        (_queue_of(lease_token), lease_token, _json(result)),
+        _submitted,
+    )
 
 
 def complete_many(items: Sequence[tuple[str, JSON]]) -> Call[list[Submitted]]:
-    """Replies in order; refused items come back with their outcome, unraised."""
+    """Replies in order; refused items come back with their outcome, unraised.
+    A batch of one queue (a worker's) calls that queue's complete_many_in."""
+    tokens = [token for token, _ in items]
+    queues = {_queue_of(token) for token in tokens}
     # %b: arrays in binary, because the text format escapes every element
     # with a regex (about a fifth of a batch-100 claim + complete loop's time).
+    arrays = (tokens, [_json(result) for _, result in items])
+    call, params = (
+        ("batonq.complete_many_in(%s, %b::text[], %b::jsonb[])", (queues.pop(), *arrays))
+        if len(queues) == 1
+        else ("batonq.complete_many(%b::text[], %b::jsonb[])", arrays)
+    )
     return Call(
-        "SELECT task_id, queue, outcome, state, fencing_token, current_fencing_token, NULL, NULL"
-        " FROM batonq.complete_many(%b::text[], %b::jsonb[])",
-        ([token for token, _ in items], [_json(result) for _, result in items]),
+        f"SELECT task_id, queue, outcome, state, fencing_token, current_fencing_token, NULL, NULL"
+        f" FROM {call}",
+        params,
         _all(Submitted),
     )
 
@@ -299,8 +322,9 @@ def fail(
     requeue: bool = True,
 ) -> Call[Submitted]:
     return Call(
-        "SELECT * FROM batonq.fail(%s, %s, %s, %s)",
+        "SELECT * FROM batonq.fail_in(%s, %s, %s, %s, %s)",
         (
+            _queue_of(lease_token),
             lease_token,
             _json(error),
             None if retry_delay_s is None else float(retry_delay_s),
@@ -311,7 +335,11 @@ def fail(
 
 
 def release_lease(lease_token: str) -> Call[Submitted]:
-    return Call("SELECT * FROM batonq.release_lease(%s)", (lease_token,), _submitted)
+    return Call(
+        "SELECT * FROM batonq.release_lease_in(%s, %s)",
+        (_queue_of(lease_token), lease_token),
+        _submitted,
+    )
 
 
 def task(id: int | str) -> Call[Task]:

@@ -140,6 +140,21 @@ def test_complete_many(client: batonq.Client, sql: psycopg.Connection[Any]) -> N
     assert client.task(leases[0].task_id).result == leases[0].row * 2
 
 
+def test_complete_many_across_queues(client: batonq.Client) -> None:
+    """One batch of two queues' leases (the token-only form, per queue
+    inside): every item answered in the batch's order, a forged one too."""
+    client.enqueue_many(Q, [1, 2])
+    client.enqueue_many("mail:tasks", [3, 4])
+    leases = client.claim(Q, max_tasks=2) + client.claim("mail:tasks", max_tasks=2)
+    mixed = [leases[2], leases[0], leases[3], leases[1]]
+    forged = leases[1].lease_token[:-32] + "0" * 32
+    replies = client.complete_many([(lease.lease_token, lease.row * 10) for lease in mixed] + [(forged, 0)])
+    assert [(r.task_id, r.queue, r.outcome) for r in replies] == [
+        (lease.task_id, lease.queue, "accepted") for lease in mixed
+    ] + [(leases[1].task_id, Q, "invalid_token")]
+    assert [client.task(lease.task_id).result for lease in mixed] == [30, 10, 40, 20]
+
+
 def test_idempotent_enqueue(client: batonq.Client) -> None:
     a = client.enqueue(Q, {"v": 1}, idempotency_key="shard-07")
     b = client.enqueue(Q, {"v": 2}, idempotency_key="shard-07")

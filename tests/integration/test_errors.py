@@ -136,6 +136,30 @@ def test_wrong_secret(
     assert row == ("mine",)
 
 
+def test_a_write_named_for_another_queue_is_refused(
+    client: batonq.Client, conn: psycopg.Connection[Any]
+) -> None:
+    """The clients' writes name the queue first (a sharded deployment routes
+    by it): a token of another queue is refused, and a malformed one says so."""
+    client.enqueue(Q, 1)
+    [lease] = client.claim(Q)
+    for query in (
+        "SELECT * FROM batonq.complete_in(%s, %s)",
+        "SELECT * FROM batonq.fail_in(%s, %s)",
+        "SELECT * FROM batonq.heartbeat_in(%s, %s)",
+        "SELECT * FROM batonq.release_lease_in(%s, %s)",
+        "SELECT * FROM batonq.complete_many_in(%s, ARRAY[%s])",
+    ):
+        error = engine_error(conn, query, ("other:q", lease.lease_token))
+        assert type(error) is batonq.InvalidToken
+        assert error.message == f"lease token of queue {Q}, not other:q"
+        malformed = engine_error(conn, query, ("other:q", "garbage"))
+        assert malformed.message == "malformed lease token: use the lease_token returned by claim"
+    task = client.task(lease.task_id)
+    assert (task.state, task.fencing_token) == ("leased", lease.fencing_token)
+    assert client.complete(lease.lease_token, "mine").outcome == "accepted"
+
+
 def test_unknown_task(conn: psycopg.Connection[Any], client: batonq.Client) -> None:
     error = engine_error(conn, "SELECT * FROM batonq.get_task(%s)", (10**12,))
     assert type(error) is batonq.TaskNotFound
@@ -277,9 +301,7 @@ def test_json_too_deep_is_refused_at_every_door(
     assert hot_count(sql) == 2
 
 
-def test_huge_numbers_are_refused_at_every_door(
-    conn: psycopg.Connection[Any], client: batonq.Client
-) -> None:
+def test_huge_numbers_are_refused_at_every_door(conn: psycopg.Connection[Any], client: batonq.Client) -> None:
     huge = "1" + "0" * 5000  # a number Python's int cannot read back
     error = engine_error(conn, "SELECT * FROM batonq.enqueue(%s, %s::jsonb)", (Q, f"[1, {huge}]"))
     assert type(error) is batonq.NumberTooLarge and isinstance(error, batonq.InvalidArgument)

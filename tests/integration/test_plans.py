@@ -196,7 +196,7 @@ def measure(
         claim_round(conn, 1)
         expire_my_leases(sql)
         tokens = claim_round(conn, max_tasks)
-        conn.execute("SELECT * FROM batonq.complete(%s, '{}')", (tokens[0],))
+        conn.execute("SELECT * FROM batonq.complete_in(%s, %s, '{}')", (Q, tokens[0]))
 
     claim_round(conn, 1)
     expire_my_leases(sql)
@@ -204,7 +204,9 @@ def measure(
     tokens = claim_round(conn, max_tasks)
     claim_plans = list(explained.captured)
     explained.explain(True)
-    [(outcome,)] = conn.execute("SELECT outcome FROM batonq.complete(%s, '{}')", (tokens[0],)).fetchall()
+    [(outcome,)] = conn.execute(
+        "SELECT outcome FROM batonq.complete_in(%s, %s, '{}')", (Q, tokens[0])
+    ).fetchall()
     complete_plans = list(explained.captured)
     explained.explain(False)
     assert outcome == "accepted"

@@ -88,16 +88,19 @@ def exercise(dsn: str, sql: psycopg.Connection[Any]) -> None:
         # Plans are cached at the first call: warm them, then measure.
         for _ in range(2):
             leases = tokens(conn, BATCH)
-            run("SELECT count(*) FROM batonq.complete_many(%s)", leases)()
+            run("SELECT count(*) FROM batonq.complete_many_in(%s, %s)", Q, leases)()
 
         check(conn, "claim", lambda: tokens(conn, BATCH), BATCH)
         leases = tokens(conn, BATCH)
-        check(conn, "complete_many", run("SELECT count(*) FROM batonq.complete_many(%s)", leases[:50]), 50)
-        check(conn, "complete", run("SELECT batonq.complete(%s)", leases[50]), 1)
-        check(conn, "heartbeat", run("SELECT batonq.heartbeat(%s)", leases[51]), 1)
-        check(conn, "fail", run("SELECT batonq.fail(%s, '\"x\"', 60)", leases[52]), 1)
-        check(conn, "fail (dead)", run("SELECT batonq.fail(%s, '\"x\"', NULL, false)", leases[53]), 1)
-        check(conn, "release", run("SELECT batonq.release_lease(%s)", leases[54]), 1)
+        many_in = "SELECT count(*) FROM batonq.complete_many_in(%s, %s)"
+        check(conn, "complete_many", run(many_in, Q, leases[:50]), 50)
+        check(conn, "complete", run("SELECT batonq.complete_in(%s, %s)", Q, leases[50]), 1)
+        check(conn, "heartbeat", run("SELECT batonq.heartbeat_in(%s, %s)", Q, leases[51]), 1)
+        check(conn, "fail", run("SELECT batonq.fail_in(%s, %s, '\"x\"', 60)", Q, leases[52]), 1)
+        check(
+            conn, "fail (dead)", run("SELECT batonq.fail_in(%s, %s, '\"x\"', NULL, false)", Q, leases[53]), 1
+        )
+        check(conn, "release", run("SELECT batonq.release_lease_in(%s, %s)", Q, leases[54]), 1)
         check(conn, "enqueue", run("SELECT batonq.enqueue(%s, '{}')", Q), 1)
         many = "SELECT count(*) FROM batonq.enqueue_many(%s, array_fill('{}'::jsonb, ARRAY[%s]), %s)"
         check(conn, "enqueue_many", run(many, Q, BATCH, None), BATCH)

@@ -82,14 +82,25 @@ def test_each_operation_touches_only_its_queues_partition(
                 "SELECT * FROM batonq.enqueue_many(%s, ARRAY['{}', '{}']::jsonb[])", (Q,)
             ),
             "claim": token,
-            "heartbeat": lambda: conn.execute("SELECT * FROM batonq.heartbeat(%s)", (token(),)),
-            "complete": lambda: conn.execute("SELECT * FROM batonq.complete(%s, '{}')", (token(),)),
+            # The forms the clients call, queue first (batonq.operations).
+            "heartbeat": lambda: conn.execute("SELECT * FROM batonq.heartbeat_in(%s, %s)", (Q, token())),
+            "complete": lambda: conn.execute("SELECT * FROM batonq.complete_in(%s, %s, '{}')", (Q, token())),
             "complete_many": lambda: conn.execute(
+                "SELECT * FROM batonq.complete_many_in(%s, %s::text[], ARRAY['{}', '{}']::jsonb[])",
+                (Q, [token(), token()]),
+            ),
+            "fail": lambda: conn.execute("SELECT * FROM batonq.fail_in(%s, %s, '{}')", (Q, token())),
+            "release_lease": lambda: conn.execute(
+                "SELECT * FROM batonq.release_lease_in(%s, %s)", (Q, token())
+            ),
+            # The token-only forms, for SQL callers, run the same statements.
+            "complete (token only)": lambda: conn.execute(
+                "SELECT * FROM batonq.complete(%s, '{}')", (token(),)
+            ),
+            "complete_many (token only)": lambda: conn.execute(
                 "SELECT * FROM batonq.complete_many(%s::text[], ARRAY['{}', '{}']::jsonb[])",
                 ([token(), token()],),
             ),
-            "fail": lambda: conn.execute("SELECT * FROM batonq.fail(%s, '{}')", (token(),)),
-            "release_lease": lambda: conn.execute("SELECT * FROM batonq.release_lease(%s)", (token(),)),
             "await_work": lambda: conn.execute("SELECT batonq.await_work(%s, 10)", (Q,)),
         }
         for name, operation in operations.items():

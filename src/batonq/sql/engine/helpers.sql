@@ -191,6 +191,24 @@ RETURN CASE
     ELSE batonq._malformed_token()
 END;
 
+-- A lease token for a call that names its queue first (complete_in and the
+-- other writes, which a sharded deployment routes by that argument): a token
+-- of another queue is refused like a forged one, since its task is not there.
+CREATE OR REPLACE FUNCTION batonq._foreign_token(p_queue text, p_token text) RETURNS batonq.lease_ref
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM batonq._parse_token(p_token);  -- a malformed token says so first
+    RAISE EXCEPTION 'lease token of queue %, not %', split_part(p_token, '/', 1), p_queue
+        USING ERRCODE = 'BQ005';
+END $$;
+
+CREATE OR REPLACE FUNCTION batonq._parse_token_in(p_queue text, p_token text) RETURNS batonq.lease_ref
+LANGUAGE sql STABLE
+RETURN CASE
+    WHEN split_part(p_token, '/', 1) = p_queue THEN batonq._parse_token(p_token)
+    ELSE batonq._foreign_token(p_queue, p_token)
+END;
+
 -- The text an error body shows as last_error.
 CREATE OR REPLACE FUNCTION batonq._error_text(p_error jsonb) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE

@@ -131,14 +131,15 @@ BEGIN
     lease_limited := coalesce(lease_limited, false);
 END $$;
 
--- Complete a leased task with its result: it moves to the archive as done.
-CREATE OR REPLACE FUNCTION batonq.complete(p_lease_token text, p_result jsonb DEFAULT NULL)
+-- Complete a leased task of p_queue with its result: it moves to the archive
+-- as done.
+CREATE OR REPLACE FUNCTION batonq.complete_in(p_queue text, p_lease_token text, p_result jsonb DEFAULT NULL)
 RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_ref      batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_ref      batonq.lease_ref := batonq._parse_token_in(p_queue, p_lease_token);
     v_settings record := batonq._submit_settings(v_ref.queue);
     v_id       bigint;
     v_joined   boolean;
@@ -168,15 +169,15 @@ BEGIN
                v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
 END $$;
 
--- Complete many leased tasks in one call: one reply per token, in order; an
--- unknown task or a forged token is one item's outcome (not_found,
+-- Complete many leased tasks of p_queue in one call: one reply per token, in
+-- order; an unknown task or a forged token is one item's outcome (not_found,
 -- invalid_token), not an error of the call.
--- Tokens are parsed once, into one array; the live leases of each queue move
--- in one set of statements, and only the rest (replays, refusals) go one by
--- one. Unlike the other functions it may plan for its arguments
--- (plan_cache_mode auto): a batch pays for one plan, and a generic DELETE on
--- the partitioned table opens all 16 partitions.
-CREATE OR REPLACE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+-- Tokens are parsed once, into one array; the live leases move in one set of
+-- statements, and only the rest (replays, refusals) go one by one. Unlike
+-- the other functions it may plan for its arguments (plan_cache_mode auto):
+-- a batch pays for one plan, and a generic DELETE on the partitioned table
+-- opens all 16 partitions.
+CREATE OR REPLACE FUNCTION batonq.complete_many_in(p_queue text, p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -184,14 +185,13 @@ SET plan_cache_mode = auto SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
     v_refs      batonq.lease_ref[] := ARRAY(
-        SELECT batonq._parse_token(u.tok) FROM unnest(p_lease_tokens) WITH ORDINALITY AS u(tok, ord)
+        SELECT batonq._parse_token_in(p_queue, u.tok)
+          FROM unnest(p_lease_tokens) WITH ORDINALITY AS u(tok, ord)
          ORDER BY u.ord);
     v_n         integer := cardinality(v_refs);
     v_done      boolean[] := array_fill(false, ARRAY[v_n]);
-    v_accepted  integer := 0;
-    v_queue     text;
-    v_settings  record;
-    v_limit     integer;
+    v_settings  record := batonq._submit_settings(p_queue);
+    v_limit     integer := v_settings.max_body_bytes;
     v_bad       integer;
     v_moved     integer[];
     v_moved_ids bigint[];
@@ -202,56 +202,48 @@ BEGIN
     IF cardinality(p_results) > v_n THEN
         PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
     END IF;
-
-    FOR v_queue IN SELECT DISTINCT r.queue FROM unnest(v_refs) AS r LOOP
-        v_settings := batonq._submit_settings(v_queue);
-        v_limit := v_settings.max_body_bytes;
-        SELECT u.ord INTO v_bad
-          FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord),
-               LATERAL (SELECT u.res::text AS txt OFFSET 0) x  -- as in enqueue_many
-         WHERE u.q = v_queue
-           AND octet_length(x.txt) >= least(v_limit + 1, 2 * batonq._max_json_depth() + 2)
-           AND NOT batonq._json_fits(u.res, x.txt, v_limit)
-         LIMIT 1;
-        IF v_bad IS NOT NULL THEN
-            PERFORM batonq._check_json(format('result %s', v_bad), p_results[v_bad], v_limit);
+    SELECT u.ord INTO v_bad
+      FROM unnest(p_results) WITH ORDINALITY AS u(res, ord),
+           LATERAL (SELECT u.res::text AS txt OFFSET 0) x  -- as in enqueue_many
+     WHERE octet_length(x.txt) >= least(v_limit + 1, 2 * batonq._max_json_depth() + 2)
+       AND NOT batonq._json_fits(u.res, x.txt, v_limit)
+     LIMIT 1;
+    IF v_bad IS NOT NULL THEN
+        PERFORM batonq._check_json(format('result %s', v_bad), p_results[v_bad], v_limit);
+    END IF;
+    WITH input AS MATERIALIZED (
+        SELECT u.ord, u.id, u.fence, u.secret, u.res
+          FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
+    ), moved AS (
+        -- Each input row probes the primary key: (id, queue) names one
+        -- row. (An added id = ANY (all ids) rode along into every probe,
+        -- and the index scan sorted the whole array again for each row.)
+        DELETE FROM batonq.tasks t
+         USING input i
+         WHERE t.queue = p_queue AND t.id = i.id AND t.fencing_token = i.fence
+           AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
+        RETURNING t, i.res, i.ord
+    ), archived AS (
+        INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', m.res)).* FROM moved m
+    )
+    SELECT array_agg(m.ord::integer), array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL)
+      INTO v_moved, v_moved_ids, v_joined
+      FROM moved m;
+    IF v_moved IS NOT NULL THEN
+        FOREACH v_ord IN ARRAY v_moved LOOP
+            v_done[v_ord] := true;
+        END LOOP;
+        IF v_settings.lease_limited THEN
+            PERFORM batonq._wake(p_queue);  -- room under the limit: see _lease_ended
         END IF;
-        WITH input AS MATERIALIZED (
-            SELECT u.ord, u.id, u.fence, u.secret, u.res
-              FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
-             WHERE u.q = v_queue
-        ), moved AS (
-            -- Each input row probes the primary key: (id, queue) names one
-            -- row. (An added id = ANY (all ids) rode along into every probe,
-            -- and the index scan sorted the whole array again for each row.)
-            DELETE FROM batonq.tasks t
-             USING input i
-             WHERE t.queue = v_queue AND t.id = i.id AND t.fencing_token = i.fence
-               AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
-            RETURNING t, i.res, i.ord
-        ), archived AS (
-            INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', m.res)).* FROM moved m
-        )
-        SELECT array_agg(m.ord::integer), array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL)
-          INTO v_moved, v_moved_ids, v_joined
-          FROM moved m;
-        IF v_moved IS NOT NULL THEN
-            FOREACH v_ord IN ARRAY v_moved LOOP
-                v_done[v_ord] := true;
-            END LOOP;
-            v_accepted := v_accepted + cardinality(v_moved);
-            IF v_settings.lease_limited THEN
-                PERFORM batonq._wake(v_queue);  -- room under the limit: see _lease_ended
-            END IF;
-            -- The batons leave in the transaction that accepts the completions.
-            IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = v_queue) THEN
-                PERFORM batonq._hand_off(v_queue, v_moved_ids);
-            END IF;
+        -- The batons leave in the transaction that accepts the completions.
+        IF v_joined OR EXISTS (SELECT FROM batonq.edges e WHERE e.from_queue = p_queue) THEN
+            PERFORM batonq._hand_off(p_queue, v_moved_ids);
         END IF;
-    END LOOP;
+    END IF;
 
     -- The rest: replays and refusals, each with its own answer.
-    IF v_accepted < v_n THEN
+    IF coalesce(cardinality(v_moved), 0) < v_n THEN
         FOR i IN 1 .. v_n LOOP
             CONTINUE WHEN v_done[i];
             -- An unknown task or a forged token is answered for its item
@@ -279,7 +271,8 @@ END $$;
 -- archive. Otherwise pending again after retry_delay_s, or after the queue's
 -- backoff when none is given; the lease is given up either way. Every
 -- attempt's error is kept.
-CREATE OR REPLACE FUNCTION batonq.fail(
+CREATE OR REPLACE FUNCTION batonq.fail_in(
+    p_queue         text,
     p_lease_token   text,
     p_error         jsonb DEFAULT NULL,
     p_retry_delay_s double precision DEFAULT NULL,
@@ -289,7 +282,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_ref   batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_ref   batonq.lease_ref := batonq._parse_token_in(p_queue, p_lease_token);
     v_queue batonq.queues;
     v_task  batonq.tasks;
     v_state text;
@@ -350,7 +343,8 @@ END $$;
 -- and optionally set the task's stage text. A lease that ran out with nobody
 -- claiming since is taken up again, if the queue's concurrency limits leave
 -- room for it (batonq._room_for: checked only then).
-CREATE OR REPLACE FUNCTION batonq.heartbeat(
+CREATE OR REPLACE FUNCTION batonq.heartbeat_in(
+    p_queue       text,
     p_lease_token text,
     p_lease_s     integer DEFAULT NULL,
     p_stage       text DEFAULT NULL
@@ -359,7 +353,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_ref     batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_ref     batonq.lease_ref := batonq._parse_token_in(p_queue, p_lease_token);
     v_expires timestamptz;
 BEGIN
     IF p_lease_s < 1 OR p_lease_s > 3600 THEN
@@ -384,12 +378,12 @@ END $$;
 
 -- Give a lease back unfinished (a worker shutting down): the task is
 -- claimable at once and the attempt is not counted.
-CREATE OR REPLACE FUNCTION batonq.release_lease(p_lease_token text) RETURNS batonq.submit_reply
+CREATE OR REPLACE FUNCTION batonq.release_lease_in(p_queue text, p_lease_token text) RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
-    v_ref batonq.lease_ref := batonq._parse_token(p_lease_token);
+    v_ref batonq.lease_ref := batonq._parse_token_in(p_queue, p_lease_token);
 BEGIN
     UPDATE batonq.tasks t SET
         state = 'pending',
@@ -408,10 +402,65 @@ BEGIN
                v_ref.fencing_token, NULL, NULL)::batonq.submit_reply;
 END $$;
 
+-- The same writes keyed by the lease token alone, for SQL callers: the queue
+-- is the token's first part. The clients call the *_in forms, which a
+-- sharded deployment can route by their first argument (docs/scaling.md).
+CREATE OR REPLACE FUNCTION batonq.complete(p_lease_token text, p_result jsonb DEFAULT NULL)
+RETURNS batonq.submit_reply
+LANGUAGE sql
+RETURN batonq.complete_in(split_part(p_lease_token, '/', 1), p_lease_token, p_result);
+
+CREATE OR REPLACE FUNCTION batonq.fail(
+    p_lease_token   text,
+    p_error         jsonb DEFAULT NULL,
+    p_retry_delay_s double precision DEFAULT NULL,
+    p_requeue       boolean DEFAULT true
+) RETURNS batonq.submit_reply
+LANGUAGE sql
+RETURN batonq.fail_in(split_part(p_lease_token, '/', 1), p_lease_token, p_error, p_retry_delay_s, p_requeue);
+
+CREATE OR REPLACE FUNCTION batonq.heartbeat(
+    p_lease_token text,
+    p_lease_s     integer DEFAULT NULL,
+    p_stage       text DEFAULT NULL
+) RETURNS batonq.submit_reply
+LANGUAGE sql
+RETURN batonq.heartbeat_in(split_part(p_lease_token, '/', 1), p_lease_token, p_lease_s, p_stage);
+
+CREATE OR REPLACE FUNCTION batonq.release_lease(p_lease_token text) RETURNS batonq.submit_reply
+LANGUAGE sql
+RETURN batonq.release_lease_in(split_part(p_lease_token, '/', 1), p_lease_token);
+
+-- Tokens of many queues: complete_many_in once per queue, the replies back
+-- in the tokens' order.
+CREATE OR REPLACE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
+               fencing_token bigint, current_fencing_token bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(p_results) > cardinality(p_lease_tokens) THEN
+        PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
+    END IF;
+    RETURN QUERY
+    SELECT g.ords[r.ord], r.task_id, r.queue, r.outcome, r.state, r.fencing_token, r.current_fencing_token
+      FROM (SELECT split_part(u.tok, '/', 1) AS q, array_agg(u.tok ORDER BY u.o) AS toks,
+                   array_agg(u.res ORDER BY u.o) AS results, array_agg(u.o::integer ORDER BY u.o) AS ords
+              FROM unnest(p_lease_tokens, p_results) WITH ORDINALITY AS u(tok, res, o)
+             GROUP BY 1) g,
+           LATERAL batonq.complete_many_in(g.q, g.toks, g.results) r
+     ORDER BY 1;
+END $$;
+
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
+    batonq.heartbeat_in(text, text, integer, text),
+    batonq.complete_in(text, text, jsonb),
+    batonq.complete_many_in(text, text[], jsonb[]),
+    batonq.fail_in(text, text, jsonb, double precision, boolean),
+    batonq.release_lease_in(text, text),
     batonq.heartbeat(text, integer, text),
     batonq.complete(text, jsonb),
     batonq.complete_many(text[], jsonb[]),
