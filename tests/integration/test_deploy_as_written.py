@@ -9,6 +9,7 @@ docs/deployment.md's commands are the units' own (checked here too)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -26,9 +27,12 @@ from tests.e2e.live import ADMIN_KEY, free_port
 from tests.waiting import wait_for
 from tests.worker.support import BATONQ, ROOT
 
+import batonq
+
 POOLER_PORT = "6432"  # the units' PgBouncer; any other address is PostgreSQL itself
 ROLES = {"batonq_api": "batonq_service", "batonq_app": "batonq_worker"}
-APP = "tests.worker.worker_apps:app"
+APP = "myapp.tasks:app"  # as the worker unit's own comment names it
+APPS = ROOT / "tests" / "apps"  # holds myapp/: the units' WorkingDirectory
 Rewrite = Callable[[str], str]
 
 
@@ -47,6 +51,15 @@ def unit(name: str) -> tuple[dict[str, str], list[str], str]:
     return env, shlex.split(command), workdir.group(1) if workdir else "/"
 
 
+def roles_sql() -> list[str]:
+    """docs/deployment.md's statements that make the units' login roles."""
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    [block] = re.findall(r"^```sql\n(.*?)^```", doc, re.DOTALL | re.M)
+    statements = [s.strip() for s in block.split(";") if s.strip()]
+    assert statements == [f"CREATE ROLE {role} LOGIN IN ROLE {group}" for role, group in ROLES.items()]
+    return statements
+
+
 @pytest.fixture(scope="module")
 def bouncer(server_dsn: str) -> Iterator[tuple[str, int]]:
     with pgbouncer(server_dsn) as address:
@@ -57,9 +70,9 @@ def bouncer(server_dsn: str) -> Iterator[tuple[str, int]]:
 def here(admin_dsn: str, bouncer: tuple[str, int]) -> Rewrite:
     """The units' URLs pointed at this machine: same role, this test's database."""
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        for role, group in ROLES.items():
+        for statement in roles_sql():
             with contextlib.suppress(psycopg.errors.DuplicateObject):
-                conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE {group}")
+                conn.execute(statement)
     server = conninfo_to_dict(admin_dsn)
 
     def rewrite(url: str) -> str:
@@ -76,15 +89,23 @@ def here(admin_dsn: str, bouncer: tuple[str, int]) -> Rewrite:
 def start(name: str, here: Rewrite, *replace: tuple[str, str]) -> subprocess.Popen[str]:
     env, command, workdir = unit(name)
     assert command[0] == INSTALLED
+    return run(env, command, workdir, here, *replace)
+
+
+def run(
+    env: dict[str, str], command: list[str], workdir: str, here: Rewrite, *replace: tuple[str, str]
+) -> subprocess.Popen[str]:
+    """``command`` (batonq and its arguments) with ``env`` as its only BATONQ_
+    settings, its URLs pointed at this machine, from ``workdir``."""
     args = [BATONQ, *command[1:]]
     for old, new in replace:
         args = [new if a == old else a for a in args]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("BATONQ_")}
     environment.update({k: here(v) if v.startswith("postgresql://") else v for k, v in env.items()})
     environment["PYTHONUNBUFFERED"] = "1"
-    assert workdir in ("/", "/opt/app")
+    folder = {"/": "/", "/opt/app": APPS, "/app": APPS}[workdir]  # the units', the container's
     return subprocess.Popen(
-        args, cwd=ROOT, env=environment, stdin=subprocess.DEVNULL,
+        args, cwd=folder, env=environment, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 
@@ -125,14 +146,14 @@ def test_the_units_run_as_their_least_privilege_roles(here: Rewrite, admin_dsn: 
         assert found, "".join(lines)
         headers = {"Authorization": f"Bearer {found.group(0)}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=10) as http:
-            answer = http.post("/v1/enqueue", json=[{"queue": "proc:sync", "payload": {"sleep": 0}}] * 20)
+            answer = http.post("/v1/enqueue", json=[{"queue": "shop:tasks", "payload": n} for n in range(20)])
             assert answer.status_code == 200, answer.text
-            assert http.post("/v1/keys", json={"ring": 2, "queues": ["proc:*"]}).status_code == 201
+            assert http.post("/v1/keys", json={"ring": 2, "queues": ["shop:*"]}).status_code == 201
             worker = start("batonq-worker@.service", here, ("%i", APP))
 
             def done() -> bool:
                 assert worker is not None and worker.poll() is None, stop(worker) if worker else ""
-                listed = http.get("/v1/tasks", params={"queue": "proc:sync", "state": "done", "limit": 100})
+                listed = http.get("/v1/tasks", params={"queue": "shop:tasks", "state": "done", "limit": 100})
                 return len(listed.json()["tasks"]) == 20
 
             wait_for(done, timeout=60, what="the worker unit to do every task")
@@ -168,3 +189,29 @@ def test_deployment_md_runs_the_units_commands() -> None:
         env, command, _ = unit(name)
         assert exported == env, name
         assert words[1] == command[1], name
+
+
+def test_the_worker_container_runs_as_written(here: Rewrite, admin_dsn: str) -> None:
+    """docs/worker.md's Dockerfile: its ENV and exec-form CMD from its WORKDIR
+    (myapp/ there) do the tasks, log JSON lines, and exit 0 on SIGTERM (what
+    ``docker stop`` sends)."""
+    doc = (ROOT / "docs" / "worker.md").read_text()
+    [block] = re.findall(r"^```dockerfile\n(.*?)^```", doc, re.DOTALL | re.M)
+    lines = block.splitlines()
+    env = dict(line.removeprefix("ENV ").split("=", 1) for line in lines if line.startswith("ENV "))
+    [command] = [json.loads(line.removeprefix("CMD ")) for line in lines if line.startswith("CMD ")]
+    [workdir] = [line.removeprefix("WORKDIR ") for line in lines if line.startswith("WORKDIR ")]
+    assert "STOPSIGNAL SIGTERM" in lines and command[0] == "batonq"
+    with batonq.connect(admin_dsn) as client:
+        made = [e.task_id for e in client.enqueue_many("shop:tasks", list(range(10)))]
+        worker = run(env, command, workdir, here)
+        try:
+            wait_for(
+                lambda: {client.task(t).state for t in made} == {"done"},
+                timeout=60, what="the container's worker to do every task",
+            )  # fmt: skip
+        finally:
+            log = stop(worker)
+    assert worker.returncode == 0, log
+    records = [json.loads(line) for line in log.splitlines() if line.strip()]
+    assert records and all(isinstance(r, dict) for r in records), log
