@@ -733,6 +733,31 @@ GRANT USAGE ON SCHEMA batonq TO batonq_service;
 
 INSERT INTO batonq.migrations (version, name) VALUES (11, 'service_role');
 
+-- migrations/0012_group_full.sql
+-- batonq 0012: pending tasks of full groups leave the claim index.
+--
+-- A group-limited claim (group_max_leased) walks the claim index in claim
+-- order and skips the tasks of groups at their limit. With thousands of
+-- full groups, every claim read past all their tasks. Now the walk marks
+-- what it read past as group_full, and the claim index leaves those rows
+-- out, so the next claims do not read them again. A lease of the group that
+-- ends gives them back, best first, as many as the group has room for (the
+-- fold of the group's lease counts, engine/claim.sql); so does a change of
+-- the queue's group_max_leased (all of them), and any change of the task's
+-- state (a trigger). group_full is only ever true on a pending task.
+
+ALTER TABLE batonq.tasks ADD COLUMN group_full boolean NOT NULL DEFAULT false;
+
+DROP INDEX batonq.tasks_claim_idx;
+CREATE INDEX tasks_claim_idx ON batonq.tasks (queue, priority DESC, run_at, id)
+    WHERE state = 'pending' AND NOT group_full;
+
+-- A group's set-aside tasks in claim order, for giving back the best first.
+CREATE INDEX tasks_group_full_idx ON batonq.tasks (queue, group_key, priority DESC, run_at, id)
+    WHERE group_full;
+
+INSERT INTO batonq.migrations (version, name) VALUES (12, 'group_full');
+
 -- engine/helpers.sql
 -- batonq engine: helpers shared by the engine's functions. Not granted to the
 -- worker or reader roles: only the engine calls them.
@@ -1134,6 +1159,14 @@ BEGIN
     IF (v_queue.group_rate_limit, v_queue.rate_period_s)
        IS DISTINCT FROM (v_before.group_rate_limit, v_before.rate_period_s) THEN
         DELETE FROM batonq.group_rate_buckets WHERE queue = p_queue;
+    END IF;
+    -- Another group limit: the tasks set aside under the old one
+    -- (group_full, engine/claim.sql) are claimable again, and the next
+    -- claims set aside what is full under the new one. Under the limits
+    -- lock, so no claim still walking with the old limit sets one aside after.
+    IF v_queue.group_max_leased IS DISTINCT FROM v_before.group_max_leased THEN
+        PERFORM batonq._limits_lock(p_queue);
+        UPDATE batonq.tasks t SET group_full = false WHERE t.queue = p_queue AND t.group_full;
     END IF;
     -- Unpaused, or a limit raised or removed: claims may find tasks now.
     IF p_paused IS FALSE OR p_max_leased IS NOT NULL OR p_group_max_leased IS NOT NULL
@@ -1569,27 +1602,65 @@ CREATE OR REPLACE TRIGGER tasks_group_lease_delete AFTER DELETE ON batonq.tasks
 -- queue's limits lock, so the counts are exact for its holder (every lease
 -- taken or ended before is committed and its delta visible). Reads the
 -- deltas since the last fold, about the leases taken and ended since.
+-- A group a lease ended in gets back its best set-aside (group_full) tasks,
+-- as many as it has room for: no better task of it is left out of the claim
+-- index, so a claim still takes each group's tasks in claim order.
 CREATE OR REPLACE FUNCTION batonq._fold_group_leases(p_queue text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_emptied text[];
+    v_freed   text[];
 BEGIN
     WITH gone AS (
         DELETE FROM batonq.group_lease_deltas d WHERE d.queue = p_queue RETURNING d.group_key, d.n
+    ), sums AS (
+        SELECT gone.group_key, sum(gone.n) AS n, bool_or(gone.n < 0) AS ended
+          FROM gone GROUP BY gone.group_key
     ), folded AS (
         -- In group order, as every fold: two folds wait on each other in
         -- the same order.
         INSERT INTO batonq.group_leases AS g (queue, group_key, leased)
-        SELECT p_queue, gone.group_key, sum(gone.n) FROM gone GROUP BY gone.group_key ORDER BY gone.group_key
+        SELECT p_queue, sums.group_key, sums.n FROM sums ORDER BY sums.group_key
         ON CONFLICT (queue, group_key) DO UPDATE SET leased = g.leased + excluded.leased
         RETURNING g.group_key, g.leased
     )
-    SELECT array_agg(f.group_key) INTO v_emptied FROM folded f WHERE f.leased = 0;
+    SELECT (SELECT array_agg(f.group_key) FROM folded f WHERE f.leased = 0),
+           (SELECT array_agg(s.group_key) FROM sums s WHERE s.ended)
+      INTO v_emptied, v_freed;
     IF v_emptied IS NOT NULL THEN
         DELETE FROM batonq.group_leases g
          WHERE g.queue = p_queue AND g.group_key = ANY (v_emptied) AND g.leased = 0;
     END IF;
+    IF v_freed IS NOT NULL THEN
+        -- By the primary key: a t.group_full here would let the planner
+        -- read every set-aside task of the queue by its index instead.
+        UPDATE batonq.tasks t SET group_full = false
+         WHERE t.queue = p_queue AND t.id = ANY (ARRAY(
+            SELECT b.id
+              FROM unnest(v_freed) AS f(group_key),
+                   LATERAL (SELECT p.id FROM batonq.tasks p
+                             WHERE p.queue = p_queue AND p.group_key = f.group_key AND p.group_full
+                             ORDER BY p.priority DESC, p.run_at, p.id
+                             LIMIT greatest((SELECT q.group_max_leased FROM batonq.queues q WHERE q.name = p_queue)
+                                            - coalesce((SELECT g.leased FROM batonq.group_leases g
+                                                         WHERE g.queue = p_queue AND g.group_key = f.group_key), 0),
+                                            0)) b));
+    END IF;
 END $$;
+
+-- What clears group_full: any change of the task's state (held, leased
+-- by a heartbeat taking up its lapsed lease, ...). Only the fold above and
+-- a change of group_max_leased clear it on a task still pending.
+CREATE OR REPLACE FUNCTION batonq._group_full_cleared() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.group_full := false;
+    RETURN NEW;
+END $$;
+
+CREATE OR REPLACE TRIGGER tasks_group_full_cleared BEFORE UPDATE ON batonq.tasks
+    FOR EACH ROW WHEN (OLD.group_full AND NEW.group_full AND NEW.state IS DISTINCT FROM OLD.state)
+    EXECUTE FUNCTION batonq._group_full_cleared();
 
 -- The ids a group-limited claim takes, up to p_n: in claim order, skipping
 -- the tasks of groups that are full (group_max_leased: with their leases
@@ -1597,22 +1668,27 @@ END $$;
 -- (group_rate_limit: a token per task taken), so one busy group does not
 -- hold the others back. Tasks without a group count against the queue's
 -- limits only. The caller holds the queue's limits lock (and takes the
--- tokens once it has leased). The walk reads the claim index in order and,
--- skips the tasks of full groups by a hash of the queue's full groups
--- (their rows in batonq.group_leases, by key), so a task read costs a hash
--- probe; each other grouped task's lease count and rate bucket are read by
--- key (scalar subqueries: a join could read every group's row). It stops
--- once it has p_n (a cursor fetches as it goes), but reads past the tasks
--- of full groups that come first. work_mem: the hash must fit, or the
--- planner probes the full groups once per task read.
+-- tokens once it has leased). The walk reads the claim index in order; each
+-- grouped task's lease count and rate bucket are read by key (scalar
+-- subqueries: a join could read every group's row). It stops once it has
+-- p_n (a cursor fetches as it goes). The tasks it read past because their
+-- group was full before this claim are set aside (group_full): out of the
+-- claim index until a lease of their group ends (_fold_group_leases), so
+-- each is read past once, however many claims come while its group is full.
+-- (Not the tasks of a group this claim fills: a task it picked may turn out
+-- held or cancelled, and no lease would end to give them back.)
 CREATE OR REPLACE FUNCTION batonq._pick_in_groups(p_queue batonq.queues, p_n integer) RETURNS bigint[]
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan SET work_mem = '64MB'
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan
 SET cursor_tuple_fraction = 0.001 AS $$
 DECLARE
     v_now    timestamptz := clock_timestamp();
-    v_room   jsonb := '{}';     -- what each group met may still take
+    v_took   jsonb := '{}';     -- how many of each group met this claim took
+    v_taken  integer;
     v_ids    bigint[] := '{}';
-    v_left   integer;
+    v_full   bigint[] := '{}';
+    -- Read under the lock: a change of the limit gives every set-aside task
+    -- back under the same lock, so none is set aside by the old one after.
+    v_max    integer := (SELECT q.group_max_leased FROM batonq.queues q WHERE q.name = p_queue.name);
     v_task   record;
     -- A declared cursor is planned to fetch a few rows first, and the
     -- fraction makes that few: planned for all of them, the walk would sort
@@ -1621,7 +1697,7 @@ DECLARE
         SELECT t.id, t.group_key, r.leased, r.spent
           FROM batonq.tasks t
          CROSS JOIN LATERAL (
-            SELECT CASE WHEN t.group_key IS NOT NULL AND p_queue.group_max_leased IS NOT NULL THEN
+            SELECT CASE WHEN t.group_key IS NOT NULL AND v_max IS NOT NULL THEN
                         coalesce((SELECT g.leased FROM batonq.group_leases g
                                    WHERE g.queue = p_queue.name AND g.group_key = t.group_key), 0)
                    END AS leased,
@@ -1633,28 +1709,31 @@ DECLARE
                                    WHERE b.queue = p_queue.name AND b.group_key = t.group_key), 0)
                    END AS spent
             OFFSET 0) r
-         WHERE t.queue = p_queue.name AND t.state = 'pending' AND t.run_at <= now()
-           AND (t.group_key IS NULL OR p_queue.group_max_leased IS NULL
-                OR t.group_key NOT IN (SELECT g.group_key FROM batonq.group_leases g
-                                        WHERE g.queue = p_queue.name AND g.leased >= p_queue.group_max_leased))
-           AND (r.leased IS NULL OR r.leased < p_queue.group_max_leased)
+         WHERE t.queue = p_queue.name AND t.state = 'pending' AND NOT t.group_full AND t.run_at <= now()
            AND (r.spent IS NULL OR r.spent < p_queue.group_rate_limit)
          ORDER BY t.priority DESC, t.run_at, t.id;
 BEGIN
     PERFORM batonq._fold_group_leases(p_queue.name);
     FOR v_task IN v_walk LOOP
         IF v_task.group_key IS NOT NULL THEN
-            -- Its room under group_max_leased and its bucket's whole tokens
-            -- (least ignores a NULL: a limit not set).
-            v_left := coalesce((v_room ->> v_task.group_key)::integer,
-                               least(p_queue.group_max_leased - v_task.leased,
-                                     p_queue.group_rate_limit - v_task.spent));
-            CONTINUE WHEN v_left < 1;
-            v_room := jsonb_set(v_room, ARRAY[v_task.group_key], to_jsonb(v_left - 1));
+            IF v_task.leased >= v_max THEN  -- full before this claim (NULL: no limit)
+                v_full := v_full || v_task.id;
+                CONTINUE;
+            END IF;
+            v_taken := coalesce((v_took ->> v_task.group_key)::integer, 0);
+            -- Room under group_max_leased and the bucket's whole tokens (a
+            -- comparison with a limit not set is NULL: no skip).
+            CONTINUE WHEN v_task.leased + v_taken >= v_max
+                       OR v_task.spent + v_taken >= p_queue.group_rate_limit;
+            v_took := jsonb_set(v_took, ARRAY[v_task.group_key], to_jsonb(v_taken + 1));
         END IF;
         v_ids := v_ids || v_task.id;
         EXIT WHEN cardinality(v_ids) >= p_n;
     END LOOP;
+    IF cardinality(v_full) > 0 THEN
+        UPDATE batonq.tasks t SET group_full = true
+         WHERE t.queue = p_queue.name AND t.id = ANY (v_full) AND t.state = 'pending';
+    END IF;
     RETURN v_ids;
 END $$;
 
@@ -1765,7 +1844,7 @@ BEGIN
     RETURN QUERY
     WITH picked AS MATERIALIZED (
         SELECT id FROM batonq.tasks
-         WHERE queue = p_queue AND state = 'pending' AND run_at <= now()
+         WHERE queue = p_queue AND state = 'pending' AND NOT group_full AND run_at <= now()
          ORDER BY priority DESC, run_at, id
          LIMIT v_take
            FOR UPDATE SKIP LOCKED
@@ -1852,7 +1931,7 @@ BEGIN ATOMIC
                             AND g.full_at > clock_timestamp() + make_interval(
                                     secs => (q.group_rate_limit - 1) * q.rate_period_s / q.group_rate_limit - 0.2)
                             AND EXISTS (SELECT FROM batonq.tasks t
-                                         WHERE t.queue = q.name AND t.state = 'pending'
+                                         WHERE t.queue = q.name AND t.state = 'pending' AND NOT t.group_full
                                            AND t.run_at <= now() AND t.group_key = g.group_key)), -1)) AS s) w
      WHERE q.name = p_queue), 0)::double precision;
 END;
@@ -4217,6 +4296,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('035fcfe5669d6764c2a3b97ddd55df21b49330c13bd579315c9f0d8cf7436e41');
+INSERT INTO batonq.engine (sha256) VALUES ('0c5d994293b0b33fd19393c149eb4369ceadc3d9d40dd8cdbfd291a36d595a83');
 
 COMMIT;

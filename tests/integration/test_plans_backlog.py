@@ -159,9 +159,9 @@ def test_a_claim_past_many_full_groups_reads_the_tasks_ahead_once(
     analyzed: bool, admin: batonq.Client, admin_dsn: str, sql: psycopg.Connection[Any]
 ) -> None:
     """group_max_leased 1 and 10,000 full groups, each with a lease and a
-    task waiting ahead of another group's: the claim takes the other
-    group's task reading the tasks ahead once, by the claim index, and the
-    full groups' counts by key, never counting the queue's leases."""
+    task waiting ahead of other groups' tasks: the first claim reads the
+    tasks ahead once, by the claim index, and sets them aside; the next
+    claims read their batch. A lease that ends gives its group's task back."""
     admin.configure_queue(Q, group_max_leased=1)
     sql.execute(
         """INSERT INTO batonq.tasks (id, queue, state, run_at, payload, max_attempts, root_id, group_key,
@@ -182,14 +182,25 @@ def test_a_claim_past_many_full_groups_reads_the_tasks_ahead_once(
         sql.execute("ANALYZE batonq.tasks")
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        assert [g for (g,) in conn.execute("""SELECT "group" FROM batonq.claim(%s)""", (Q,))] == [
-            f"free-{FULL_GROUPS + 1}"
-        ]
         claimed: list[str] = []
 
         def claim() -> None:
             claimed.extend(g for (g,) in conn.execute("""SELECT "group" FROM batonq.claim(%s)""", (Q,)))
 
         read, lines = read_per_call(conn, claim)
-        assert claimed == [f"free-{FULL_GROUPS + 2}"]
-        assert read <= FULL_GROUPS + 20, f"read {read} rows:\n" + "\n".join(lines)
+        assert claimed == [f"free-{FULL_GROUPS + 1}"]
+        # The walk, then the update that sets them aside by id.
+        assert read <= 2 * FULL_GROUPS + 20, f"read {read} rows:\n" + "\n".join(lines)
+        for n in (2, 3):
+            read, lines = read_per_call(conn, claim)
+            assert claimed[-1] == f"free-{FULL_GROUPS + n}"
+            assert read <= 20, f"read {read} rows:\n" + "\n".join(lines)
+        [(token,)] = sql.execute(
+            "SELECT batonq._lease_token(queue, id, fencing_token, lease_secret) FROM batonq.tasks"
+            " WHERE queue = %s AND group_key = 'full-7000' AND state = 'leased'",
+            (Q,),
+        ).fetchall()
+        assert admin.complete(token).outcome == "accepted"
+        read, lines = read_per_call(conn, claim)
+        assert claimed[-1] == "full-7000"
+        assert read <= 20, f"read {read} rows:\n" + "\n".join(lines)

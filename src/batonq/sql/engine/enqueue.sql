@@ -78,6 +78,14 @@ BEGIN
        IS DISTINCT FROM (v_before.group_rate_limit, v_before.rate_period_s) THEN
         DELETE FROM batonq.group_rate_buckets WHERE queue = p_queue;
     END IF;
+    -- Another group limit: the tasks set aside under the old one
+    -- (group_full, engine/claim.sql) are claimable again, and the next
+    -- claims set aside what is full under the new one. Under the limits
+    -- lock, so no claim still walking with the old limit sets one aside after.
+    IF v_queue.group_max_leased IS DISTINCT FROM v_before.group_max_leased THEN
+        PERFORM batonq._limits_lock(p_queue);
+        UPDATE batonq.tasks t SET group_full = false WHERE t.queue = p_queue AND t.group_full;
+    END IF;
     -- Unpaused, or a limit raised or removed: claims may find tasks now.
     IF p_paused IS FALSE OR p_max_leased IS NOT NULL OR p_group_max_leased IS NOT NULL
        OR p_rate_limit IS NOT NULL OR p_group_rate_limit IS NOT NULL
