@@ -480,7 +480,7 @@ def table_stats(conn: psycopg.Connection[Any], where: str) -> dict[str, int]:
 STATEMENTS = {
     "enqueue_many": "batonq.enqueue_many(",
     "claim": "batonq.claim(",
-    "complete_many": "batonq.complete_many(",
+    "complete_many": "batonq.complete_many",
     "sweep": "batonq.sweep(",
     "VACUUM (sweeper)": "VACUUM",
 }
