@@ -758,6 +758,35 @@ CREATE INDEX tasks_group_full_idx ON batonq.tasks (queue, group_key, priority DE
 
 INSERT INTO batonq.migrations (version, name) VALUES (12, 'group_full');
 
+-- migrations/0013_trace_context.sql
+-- batonq 0013: a task carries its enqueuer's trace context.
+--
+-- trace_context is a W3C trace context carrier ({"traceparent": ...,
+-- "tracestate": ...}) taken from the enqueuer's current span when the client
+-- has OpenTelemetry, NULL otherwise. A claim returns it, so the worker's span
+-- is the enqueuer's child in another process; a completion may replace it in
+-- the archive with the context of the run that finished the task, which its
+-- batons then carry, so one trace follows a task along the queue graph.
+-- Nullable and without a default: adding it rewrites no row.
+
+ALTER TABLE batonq.tasks ADD COLUMN trace_context jsonb;
+ALTER TABLE batonq.archive ADD COLUMN trace_context jsonb;
+ALTER TYPE batonq.lease ADD ATTRIBUTE trace_context jsonb;
+
+-- Signatures that changed: the enqueues take the enqueuer's context, the
+-- queue-first completions the run's, and the archive row both. CASCADE: the
+-- SQL-language functions that call them (the token-only complete, ...) go
+-- too; the engine, applied after the migrations, makes them all again.
+DROP FUNCTION IF EXISTS batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint, text) CASCADE;
+DROP FUNCTION IF EXISTS batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text) CASCADE;
+DROP FUNCTION IF EXISTS batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[]) CASCADE;
+DROP FUNCTION IF EXISTS batonq.complete_in(text, text, jsonb) CASCADE;
+DROP FUNCTION IF EXISTS batonq.complete_many_in(text, text[], jsonb[]) CASCADE;
+DROP FUNCTION IF EXISTS batonq.complete_many(text[], jsonb[]) CASCADE;
+DROP FUNCTION IF EXISTS batonq._archive_row(batonq.tasks, text, jsonb, text, jsonb) CASCADE;
+
+INSERT INTO batonq.migrations (version, name) VALUES (13, 'trace_context');
+
 -- engine/helpers.sql
 -- batonq engine: helpers shared by the engine's functions. Not granted to the
 -- worker or reader roles: only the engine calls them.
@@ -999,15 +1028,19 @@ RETURN least(p_queue.backoff_max_s,
 
 -- A hot row as it enters the archive, finished in p_state. NULL for
 -- p_last_error or p_errors keeps the row's own.
+-- p_trace_context: the context of the run that finished the task (its
+-- batons carry it), when the finisher gave one; else the enqueuer's.
 CREATE OR REPLACE FUNCTION batonq._archive_row(t batonq.tasks, p_state text, p_result jsonb,
-                                    p_last_error text DEFAULT NULL, p_errors jsonb DEFAULT NULL)
+                                    p_last_error text DEFAULT NULL, p_errors jsonb DEFAULT NULL,
+                                    p_trace_context jsonb DEFAULT NULL)
 RETURNS batonq.archive
 LANGUAGE sql STABLE
 RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload, t.attempts,
            t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
            t.claimed_at, t.worker, t.stage, coalesce(p_last_error, t.last_error),
            coalesce(p_errors, t.errors), t.join_task_id, t.fan_index, p_result, now(),
-           t.lease_secret, t.claim_key, t.group_key)::batonq.archive;
+           t.lease_secret, t.claim_key, t.group_key,
+           coalesce(p_trace_context, t.trace_context))::batonq.archive;
 
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
@@ -1241,7 +1274,8 @@ CREATE OR REPLACE FUNCTION batonq.enqueue(
     p_idempotency_key text DEFAULT NULL,
     p_held            boolean DEFAULT false,
     p_parent_id       bigint DEFAULT NULL,
-    p_group           text DEFAULT NULL
+    p_group           text DEFAULT NULL,
+    p_trace_context   jsonb DEFAULT NULL
 ) RETURNS batonq.enqueued
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -1272,10 +1306,11 @@ BEGIN
         END IF;
     END IF;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              idempotency_key, parent_id, root_id, group_key)
+                              idempotency_key, parent_id, root_id, group_key, trace_context)
     VALUES (v_id, p_queue, v_state, p_priority, now() + make_interval(secs => p_delay_s), p_payload,
             coalesce(p_max_attempts, v_queue.max_attempts), p_idempotency_key, p_parent_id,
-            CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END, p_group)
+            CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END, p_group,
+            p_trace_context)
     RETURNING id, queue, true, state, run_at INTO v_reply;
     IF v_state = 'pending' AND p_delay_s = 0 THEN
         PERFORM batonq._wake(p_queue);
@@ -1296,8 +1331,9 @@ CREATE OR REPLACE FUNCTION batonq.enqueue_deduped(
     p_dedupe_key   text,
     p_priority     integer DEFAULT 0,
     p_delay_s      double precision DEFAULT 0,
-    p_max_attempts integer DEFAULT NULL,
-    p_group        text DEFAULT NULL
+    p_max_attempts  integer DEFAULT NULL,
+    p_group         text DEFAULT NULL,
+    p_trace_context jsonb DEFAULT NULL
 ) RETURNS batonq.enqueued
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -1309,7 +1345,7 @@ BEGIN
      WHERE k.queue = p_queue AND k.key = p_dedupe_key
        AND NOT EXISTS (SELECT FROM batonq.tasks t WHERE t.queue = p_queue AND t.id = k.task_id);
     RETURN batonq.enqueue(p_queue, p_payload, p_priority, p_delay_s, p_max_attempts, p_dedupe_key,
-                          false, NULL, p_group);
+                          false, NULL, p_group, p_trace_context);
 END $$;
 
 -- Enqueue many tasks into one queue in one call (10,000 is fine). The
@@ -1327,7 +1363,8 @@ CREATE OR REPLACE FUNCTION batonq.enqueue_many(
     p_max_attempts     integer DEFAULT NULL,
     p_held             boolean DEFAULT false,
     p_parent_id        bigint DEFAULT NULL,
-    p_groups           text[] DEFAULT NULL
+    p_groups           text[] DEFAULT NULL,
+    p_trace_context    jsonb DEFAULT NULL
 ) RETURNS TABLE (ord integer, task_id bigint, queue text, created boolean, state text, run_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -1377,11 +1414,11 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                                      parent_id, root_id, group_key)
+                                      parent_id, root_id, group_key, trace_context)
             SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
                    now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
                    coalesce(p_max_attempts, v_queue.max_attempts), p_parent_id, coalesce(v_root, i.id),
-                   i.group_key
+                   i.group_key, p_trace_context
               FROM unnest(p_payloads, v_ids, p_priorities, p_delays_s, p_groups)
                    AS i(body, id, priority, delay_s, group_key)
             RETURNING id, queue, state, run_at
@@ -1406,11 +1443,11 @@ BEGIN
             RETURNING task_id
         )
         INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                                  idempotency_key, parent_id, root_id, group_key)
+                                  idempotency_key, parent_id, root_id, group_key, trace_context)
         SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
                now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
                coalesce(p_max_attempts, v_queue.max_attempts), i.key, p_parent_id, coalesce(v_root, i.id),
-               i.group_key
+               i.group_key, p_trace_context
           FROM input i
          WHERE i.key IS NULL OR i.id IN (SELECT t.task_id FROM taken t);
 
@@ -1438,9 +1475,9 @@ END $$;
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-    batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint, text),
-    batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text),
-    batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[])
+    batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint, text, jsonb),
+    batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text, jsonb),
+    batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[], jsonb)
 TO batonq_worker;
 GRANT EXECUTE ON FUNCTION
     batonq.configure_queue(text, integer, integer, double precision, double precision, integer, integer, boolean,
@@ -1871,7 +1908,7 @@ BEGIN
            batonq._lease_token(c.queue, c.id, c.fencing_token, c.lease_secret),
            c.lease_expires_at, v_lease_s::double precision,
            c.attempts, c.max_attempts, c.priority, c.payload, c.idempotency_key,
-           c.parent_id, c.root_id, c.created_at, c.run_at, c.group_key
+           c.parent_id, c.root_id, c.created_at, c.run_at, c.group_key, c.trace_context
       FROM claimed c
      ORDER BY c.priority DESC, c.run_at, c.id;
     IF v_tokens IS NOT NULL THEN
@@ -2105,7 +2142,8 @@ END $$;
 
 -- Complete a leased task of p_queue with its result: it moves to the archive
 -- as done.
-CREATE OR REPLACE FUNCTION batonq.complete_in(p_queue text, p_lease_token text, p_result jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete_in(p_queue text, p_lease_token text, p_result jsonb DEFAULT NULL,
+                                              p_trace_context jsonb DEFAULT NULL)
 RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -2124,7 +2162,8 @@ BEGIN
            AND t.state IN ('leased', 'pending')
         RETURNING t
     ), archived AS (
-        INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', p_result)).* FROM moved m
+        INSERT INTO batonq.archive
+        SELECT (batonq._archive_row(m.t, 'done', p_result, p_trace_context => p_trace_context)).* FROM moved m
     )
     SELECT (m.t).id, (m.t).join_task_id IS NOT NULL INTO v_id, v_joined FROM moved m;
     IF v_id IS NULL THEN
@@ -2149,7 +2188,8 @@ END $$;
 -- the other functions it may plan for its arguments (plan_cache_mode auto):
 -- a batch pays for one plan, and a generic DELETE on the partitioned table
 -- opens all 16 partitions.
-CREATE OR REPLACE FUNCTION batonq.complete_many_in(p_queue text, p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete_many_in(p_queue text, p_lease_tokens text[], p_results jsonb[] DEFAULT NULL,
+                                                   p_trace_contexts jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -2171,8 +2211,8 @@ DECLARE
     v_replies   batonq.submit_reply[] := '{}';
     v_ord       integer;
 BEGIN
-    IF cardinality(p_results) > v_n THEN
-        PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
+    IF cardinality(p_results) > v_n OR cardinality(p_trace_contexts) > v_n THEN
+        PERFORM batonq._invalid_argument('results and trace_contexts may not be longer than lease_tokens');
     END IF;
     SELECT u.ord INTO v_bad
       FROM unnest(p_results) WITH ORDINALITY AS u(res, ord),
@@ -2184,8 +2224,8 @@ BEGIN
         PERFORM batonq._check_json(format('result %s', v_bad), p_results[v_bad], v_limit);
     END IF;
     WITH input AS MATERIALIZED (
-        SELECT u.ord, u.id, u.fence, u.secret, u.res
-          FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
+        SELECT u.ord, u.id, u.fence, u.secret, u.res, u.trace
+          FROM unnest(v_refs, p_results, p_trace_contexts) WITH ORDINALITY AS u(q, id, fence, secret, res, trace, ord)
     ), moved AS (
         -- Each input row probes the primary key: (id, queue) names one
         -- row. (An added id = ANY (all ids) rode along into every probe,
@@ -2194,9 +2234,10 @@ BEGIN
          USING input i
          WHERE t.queue = p_queue AND t.id = i.id AND t.fencing_token = i.fence
            AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
-        RETURNING t, i.res, i.ord
+        RETURNING t, i.res, i.trace, i.ord
     ), archived AS (
-        INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', m.res)).* FROM moved m
+        INSERT INTO batonq.archive
+        SELECT (batonq._archive_row(m.t, 'done', m.res, p_trace_context => m.trace)).* FROM moved m
     )
     SELECT array_agg(m.ord::integer), array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL)
       INTO v_moved, v_moved_ids, v_joined
@@ -2405,22 +2446,25 @@ RETURN batonq.release_lease_in(split_part(p_lease_token, '/', 1), p_lease_token)
 
 -- Tokens of many queues: complete_many_in once per queue, the replies back
 -- in the tokens' order.
-CREATE OR REPLACE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL,
+                                                p_trace_contexts jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
-    IF cardinality(p_results) > cardinality(p_lease_tokens) THEN
-        PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
+    IF cardinality(p_results) > cardinality(p_lease_tokens)
+       OR cardinality(p_trace_contexts) > cardinality(p_lease_tokens) THEN
+        PERFORM batonq._invalid_argument('results and trace_contexts may not be longer than lease_tokens');
     END IF;
     RETURN QUERY
     SELECT g.ords[r.ord], r.task_id, r.queue, r.outcome, r.state, r.fencing_token, r.current_fencing_token
       FROM (SELECT split_part(u.tok, '/', 1) AS q, array_agg(u.tok ORDER BY u.o) AS toks,
-                   array_agg(u.res ORDER BY u.o) AS results, array_agg(u.o::integer ORDER BY u.o) AS ords
-              FROM unnest(p_lease_tokens, p_results) WITH ORDINALITY AS u(tok, res, o)
+                   array_agg(u.res ORDER BY u.o) AS results, array_agg(u.trace ORDER BY u.o) AS traces,
+                   array_agg(u.o::integer ORDER BY u.o) AS ords
+              FROM unnest(p_lease_tokens, p_results, p_trace_contexts) WITH ORDINALITY AS u(tok, res, trace, o)
              GROUP BY 1) g,
-           LATERAL batonq.complete_many_in(g.q, g.toks, g.results) r
+           LATERAL batonq.complete_many_in(g.q, g.toks, g.results, g.traces) r
      ORDER BY 1;
 END $$;
 
@@ -2429,13 +2473,13 @@ END $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     batonq.heartbeat_in(text, text, integer, text),
-    batonq.complete_in(text, text, jsonb),
-    batonq.complete_many_in(text, text[], jsonb[]),
+    batonq.complete_in(text, text, jsonb, jsonb),
+    batonq.complete_many_in(text, text[], jsonb[], jsonb[]),
     batonq.fail_in(text, text, jsonb, double precision, boolean),
     batonq.release_lease_in(text, text),
     batonq.heartbeat(text, integer, text),
     batonq.complete(text, jsonb),
-    batonq.complete_many(text[], jsonb[]),
+    batonq.complete_many(text[], jsonb[], jsonb[]),
     batonq.fail(text, jsonb, double precision, boolean),
     batonq.release_lease(text)
 TO batonq_worker;
@@ -2697,10 +2741,10 @@ BEGIN
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, created_at, payload, attempts,
                               max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                              last_error, errors, join_task_id, fan_index, group_key)
+                              last_error, errors, join_task_id, fan_index, group_key, trace_context)
     SELECT id, queue, p_state, priority, now(), created_at, payload, 0,
            max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-           last_error, errors, join_task_id, fan_index, group_key
+           last_error, errors, join_task_id, fan_index, group_key, trace_context
       FROM revived
     RETURNING * INTO v_task;
     RETURN v_task;
@@ -3204,11 +3248,12 @@ BEGIN
                  WHERE b.parent_id = p_parent.id AND b.edge_id = p_edge.id AND b.fan_index = p_index);
     END IF;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              parent_id, root_id, join_task_id, fan_index, group_key)
+                              parent_id, root_id, join_task_id, fan_index, group_key, trace_context)
     VALUES (v_id, p_edge.to_queue, p_state, coalesce(p_edge.priority, p_parent.priority),
             now() + make_interval(secs => p_edge.delay_s), coalesce(p_payload, 'null'),
             v_queue.max_attempts, p_parent.id, p_parent.root_id, p_join_task_id,
-            CASE WHEN p_join_task_id IS NOT NULL THEN p_index END, p_parent.group_key);
+            CASE WHEN p_join_task_id IS NOT NULL THEN p_index END, p_parent.group_key,
+            p_parent.trace_context);
     IF p_state = 'pending' AND p_edge.delay_s = 0 THEN
         PERFORM batonq._wake(p_edge.to_queue);
     END IF;
@@ -3340,7 +3385,7 @@ DECLARE
     v_made  integer;
 BEGIN
     WITH src AS MATERIALIZED (
-        SELECT a.id AS parent_id, a.root_id, a.priority, a.result, a.group_key,
+        SELECT a.id AS parent_id, a.root_id, a.priority, a.result, a.group_key, a.trace_context,
                nextval('batonq.task_id_seq') AS id
           FROM unnest(p_tasks) AS a
          WHERE batonq._edge_matches(p_edge, a.result)
@@ -3352,11 +3397,11 @@ BEGIN
         RETURNING task_id
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              parent_id, root_id, group_key)
+                              parent_id, root_id, group_key, trace_context)
     SELECT s.id, p_edge.to_queue, 'pending', coalesce(p_edge.priority, s.priority),
            now() + make_interval(secs => p_edge.delay_s),
            coalesce(s.result #> batonq._pointer_path(p_edge.map), 'null'),
-           v_queue.max_attempts, s.parent_id, s.root_id, s.group_key
+           v_queue.max_attempts, s.parent_id, s.root_id, s.group_key, s.trace_context
       FROM src s
      WHERE s.id IN (SELECT k.task_id FROM keyed k);
     GET DIAGNOSTICS v_made = ROW_COUNT;
@@ -4296,6 +4341,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('0c5d994293b0b33fd19393c149eb4369ceadc3d9d40dd8cdbfd291a36d595a83');
+INSERT INTO batonq.engine (sha256) VALUES ('e5b034b37de5ca3ca4cbd4a4b38e3eb88fb186d351abe9b1820369eb50878e1f');
 
 COMMIT;

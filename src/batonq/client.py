@@ -22,7 +22,7 @@ from psycopg.adapt import AdaptersMap
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from batonq import operations
+from batonq import operations, tracing
 from batonq.embedded import resolve_dsn
 from batonq.errors import DirectConnectionNeeded, from_database_error
 from batonq.json_values import load_json
@@ -378,12 +378,16 @@ class AsyncClient:
 
         ``conn`` joins your transaction: the task exists only if it commits.
         """
-        call = operations.enqueue(
-            queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
-            idempotency_key=idempotency_key, held=held, parent=parent, debounce_key=debounce_key,
-            debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep, group=group, dedupe_key=dedupe_key,
-        )  # fmt: skip
-        return await self._run(call, conn)
+        with tracing.send(queue, 1) as span:
+            call = operations.enqueue(
+                queue, payload, priority=priority, delay_s=delay_s, max_attempts=max_attempts,
+                idempotency_key=idempotency_key, held=held, parent=parent, debounce_key=debounce_key,
+                debounce_s=debounce_s, max_wait_s=max_wait_s, keep=keep, group=group, dedupe_key=dedupe_key,
+                trace_context=tracing.context_of(span),
+            )  # fmt: skip
+            enqueued: Enqueued = await self._run(call, conn)
+            tracing.sent(span, [enqueued.task_id])
+            return enqueued
 
     async def enqueue_many(
         self,
@@ -403,12 +407,13 @@ class AsyncClient:
         """Enqueue many tasks in one round trip; one answer per payload, in order.
         ``groups`` gives each task its group (parallel to ``payloads``),
         ``group`` one group for all."""
-        call = operations.enqueue_many(
-            queue, payloads, idempotency_keys=idempotency_keys, priorities=priorities,
-            delays_s=delays_s, max_attempts=max_attempts, held=held, parent=parent,
-            groups=groups, group=group,
-        )  # fmt: skip
-        return await self._run(call, conn)
+        with tracing.send(queue, len(payloads), "enqueue_many") as span:
+            call = operations.enqueue_many(
+                queue, payloads, idempotency_keys=idempotency_keys, priorities=priorities,
+                delays_s=delays_s, max_attempts=max_attempts, held=held, parent=parent,
+                groups=groups, group=group, trace_context=tracing.context_of(span),
+            )  # fmt: skip
+            return await self._run(call, conn)
 
     async def claim(
         self,
@@ -431,9 +436,12 @@ class AsyncClient:
         wait_s = operations.check_wait(wait_s)
         worker = worker or self.worker_name
         if wait_s == 0:
-            return await self._run(
+            started_ns = tracing.clock_ns()
+            leases: list[Lease] = await self._run(
                 operations.claim(queue, worker=worker, max_tasks=max_tasks, lease_s=lease_s, key_id=key_id)
             )
+            tracing.received(queue, leases, started_ns)
+            return leases
         look = operations.claim_or_rate_wait(
             queue, worker=worker, max_tasks=max_tasks, lease_s=lease_s, key_id=key_id
         )
@@ -449,8 +457,10 @@ class AsyncClient:
                 # long-polls on an idle queue cost one claim a second, not
                 # 1,000.
                 if woken or not self._looked_lately(queue):
+                    started_ns = tracing.clock_ns()
                     leases, rate_wait_s = await self._run(look)
                     if leases:
+                        tracing.received(queue, leases, started_ns)
                         return leases
                     self._looked_empty[queue] = time.monotonic()
                 remaining = deadline - time.monotonic()
@@ -537,17 +547,31 @@ class AsyncClient:
         result: JSON = None,
         *,
         conn: psycopg.AsyncConnection[Any] | None = None,
+        trace_context: JSON = None,
     ) -> Submitted:
         """Finish the task with ``result``. A repeat returns ``replayed``;
-        raises ``LeaseLost`` when another holder has the task."""
-        return await self._run(operations.complete(lease_token, result), conn)
+        raises ``LeaseLost`` when another holder has the task. The task's
+        batons carry ``trace_context`` (default: the current span's, a
+        worker's run) as their trace's parent."""
+        run = trace_context if trace_context is not None else tracing.current()
+        with tracing.settle(operations.queue_of(lease_token), "complete", 1):
+            return await self._run(operations.complete(lease_token, result, trace_context=run), conn)
 
-    async def complete_many(self, items: Sequence[tuple[str, JSON]]) -> list[Submitted]:
+    async def complete_many(
+        self, items: Sequence[tuple[str, JSON]], *, trace_contexts: Sequence[JSON] | None = None
+    ) -> list[Submitted]:
         """Complete many ``(lease_token, result)`` pairs in one round trip.
+        ``trace_contexts`` (parallel to ``items``): each run's, for its
+        batons (default: the current span's for all).
 
         Refusals do not raise: check each reply's ``accepted``.
         """
-        return await self._run(operations.complete_many(items))
+        queues = {operations.queue_of(token) for token, _ in items}
+        queue = queues.pop() if len(queues) == 1 else "(many)"
+        if trace_contexts is None and (run := tracing.current()) is not None:
+            trace_contexts = [run] * len(items)
+        with tracing.settle(queue, "complete_many", len(items), trace_contexts or ()):
+            return await self._run(operations.complete_many(items, trace_contexts=trace_contexts))
 
     async def fail(
         self,
@@ -561,7 +585,8 @@ class AsyncClient:
         """Fail this attempt: retry after ``retry_delay_s`` (default: the
         queue's backoff), or ``requeue=False`` to make the task dead now."""
         call = operations.fail(lease_token, error, retry_delay_s=retry_delay_s, requeue=requeue)
-        return await self._run(call, conn)
+        with tracing.settle(operations.queue_of(lease_token), "fail", 1):
+            return await self._run(call, conn)
 
     async def release_lease(self, lease_token: str) -> Submitted:
         """Give the lease back unfinished: claimable at once, attempt not counted."""

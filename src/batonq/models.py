@@ -145,6 +145,8 @@ class Lease:
     created_at: datetime
     run_at: datetime
     group: str | None
+    trace_context: JSON = field(default=None, repr=False)
+    """The W3C trace context of the span that enqueued the task (batonq.tracing)."""
 
 
 @dataclass(slots=True)

@@ -91,6 +91,11 @@ def _json(value: JSON) -> Jsonb:
     return Jsonb(value)
 
 
+def _json_or_null(value: JSON) -> Jsonb | None:
+    """SQL NULL for None (a trace context left out), not JSON null."""
+    return None if value is None else _json(value)
+
+
 def _texts(**values: str | None) -> None:
     """Refuse a value that is not text where the engine takes text: the
     database would read a list as an array's text form (``'{a,b}'``)."""
@@ -115,14 +120,17 @@ def enqueue(
     keep: str = "last",
     group: str | None = None,
     dedupe_key: str | None = None,
+    trace_context: JSON = None,
 ) -> Call[Enqueued]:
+    """``trace_context``: the enqueuer's W3C trace context (batonq.tracing)."""
+    trace = _json_or_null(trace_context)
     _texts(group=group, idempotency_key=idempotency_key, debounce_key=debounce_key, dedupe_key=dedupe_key)
     if dedupe_key is not None:
         if idempotency_key is not None or debounce_key is not None or held or parent is not None:
             raise InvalidArgument("dedupe_key takes no idempotency_key, debounce_key, held or parent")
         return Call(
-            "SELECT * FROM batonq.enqueue_deduped(%s, %s, %s, %s, %s, %s, %s)",
-            (queue, _json(payload), dedupe_key, priority, float(delay_s), max_attempts, group),
+            "SELECT * FROM batonq.enqueue_deduped(%s, %s, %s, %s, %s, %s, %s, %s)",
+            (queue, _json(payload), dedupe_key, priority, float(delay_s), max_attempts, group, trace),
             _one(Enqueued),
         )
     if debounce_key is not None or debounce_s is not None:
@@ -139,7 +147,7 @@ def enqueue(
     if max_wait_s is not None or keep != "last":
         raise InvalidArgument("max_wait_s and keep need debounce_key and debounce_s")
     return Call(
-        "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        "SELECT * FROM batonq.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             queue,
             _json(payload),
@@ -150,6 +158,7 @@ def enqueue(
             held,
             None if parent is None else task_id(parent),
             group,
+            trace,
         ),
         _one(Enqueued),
     )
@@ -167,8 +176,10 @@ def enqueue_many(
     parent: int | str | None = None,
     groups: Sequence[str | None] | None = None,
     group: str | None = None,
+    trace_context: JSON = None,
 ) -> Call[list[Enqueued]]:
-    """``groups`` runs parallel to ``payloads``; ``group`` puts them all in one."""
+    """``groups`` runs parallel to ``payloads``; ``group`` puts them all in
+    one; ``trace_context``, the enqueuer's, goes with every task."""
     _texts(group=group)
     for each in groups or ():
         _texts(group=each)
@@ -179,7 +190,7 @@ def enqueue_many(
     return Call(
         "SELECT task_id, queue, created, state, run_at"
         " FROM batonq.enqueue_many(%s, %b::jsonb[], %s::text[], %s::integer[],"
-        " %s::double precision[], %s, %s, %s, %s::text[])",
+        " %s::double precision[], %s, %s, %s, %s::text[], %s)",
         (
             queue,
             [_json(p) for p in payloads],
@@ -190,6 +201,7 @@ def enqueue_many(
             held,
             None if parent is None else task_id(parent),
             None if groups is None else list(groups),
+            _json_or_null(trace_context),
         ),
         _all(Enqueued),
     )
@@ -271,7 +283,7 @@ def check_wait(wait_s: float) -> float:
     return float(wait_s)
 
 
-def _queue_of(lease_token: str) -> str:
+def queue_of(lease_token: str) -> str:
     """The queue a lease token names first: the writes take it as their first
     argument, by which a sharded deployment routes them (docs/scaling.md)."""
     return lease_token.partition("/")[0]
@@ -280,31 +292,37 @@ def _queue_of(lease_token: str) -> str:
 def heartbeat(lease_token: str, *, lease_s: int | None = None, stage: str | None = None) -> Call[Submitted]:
     return Call(
         "SELECT * FROM batonq.heartbeat_in(%s, %s, %s, %s)",
-        (_queue_of(lease_token), lease_token, lease_s, stage),
+        (queue_of(lease_token), lease_token, lease_s, stage),
         _submitted,
     )
 
 
-def complete(lease_token: str, result: JSON = None) -> Call[Submitted]:
+def complete(lease_token: str, result: JSON = None, *, trace_context: JSON = None) -> Call[Submitted]:
+    """``trace_context``: the run's, which the task's batons carry."""
     return Call(
-        "SELECT * FROM batonq.complete_in(%s, %s, %s)",
-        (_queue_of(lease_token), lease_token, _json(result)),
+        "SELECT * FROM batonq.complete_in(%s, %s, %s, %s)",
+        (queue_of(lease_token), lease_token, _json(result), _json_or_null(trace_context)),
         _submitted,
     )
 
 
-def complete_many(items: Sequence[tuple[str, JSON]]) -> Call[list[Submitted]]:
+def complete_many(
+    items: Sequence[tuple[str, JSON]], *, trace_contexts: Sequence[JSON] | None = None
+) -> Call[list[Submitted]]:
     """Replies in order; refused items come back with their outcome, unraised.
-    A batch of one queue (a worker's) calls that queue's complete_many_in."""
+    A batch of one queue (a worker's) calls that queue's complete_many_in.
+    ``trace_contexts`` runs parallel to ``items``: each run's context."""
     tokens = [token for token, _ in items]
-    queues = {_queue_of(token) for token in tokens}
+    queues = {queue_of(token) for token in tokens}
     # %b: arrays in binary, because the text format escapes every element
     # with a regex (about a fifth of a batch-100 claim + complete loop's time).
-    arrays = (tokens, [_json(result) for _, result in items])
+    # No array at all when no item has a context (no tracing): nothing to unnest.
+    traces = [_json_or_null(t) for t in trace_contexts] if trace_contexts and any(trace_contexts) else None
+    arrays = (tokens, [_json(result) for _, result in items], traces)
     call, params = (
-        ("batonq.complete_many_in(%s, %b::text[], %b::jsonb[])", (queues.pop(), *arrays))
+        ("batonq.complete_many_in(%s, %b::text[], %b::jsonb[], %b::jsonb[])", (queues.pop(), *arrays))
         if len(queues) == 1
-        else ("batonq.complete_many(%b::text[], %b::jsonb[])", arrays)
+        else ("batonq.complete_many(%b::text[], %b::jsonb[], %b::jsonb[])", arrays)
     )
     return Call(
         f"SELECT task_id, queue, outcome, state, fencing_token, current_fencing_token, NULL, NULL"
@@ -324,7 +342,7 @@ def fail(
     return Call(
         "SELECT * FROM batonq.fail_in(%s, %s, %s, %s, %s)",
         (
-            _queue_of(lease_token),
+            queue_of(lease_token),
             lease_token,
             _json(error),
             None if retry_delay_s is None else float(retry_delay_s),
@@ -337,7 +355,7 @@ def fail(
 def release_lease(lease_token: str) -> Call[Submitted]:
     return Call(
         "SELECT * FROM batonq.release_lease_in(%s, %s)",
-        (_queue_of(lease_token), lease_token),
+        (queue_of(lease_token), lease_token),
         _submitted,
     )
 

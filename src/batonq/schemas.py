@@ -275,6 +275,11 @@ class ClaimedTask(BaseModel):
     created_at: datetime
     run_at: datetime
     group: str | None
+    trace_context: dict[str, str] | None = Field(
+        None,
+        description="the W3C trace context of the span that enqueued the task ({traceparent, tracestate}),"
+        " for the worker's span to continue; null when the enqueuer was not traced",
+    )
 
     @classmethod
     def of(cls, lease: models.Lease) -> ClaimedTask:
@@ -286,6 +291,7 @@ class ClaimedTask(BaseModel):
             priority=lease.priority, idempotency_key=lease.idempotency_key,
             parent_id=tid(lease.parent_id), root_id=task_ref(lease.root_id),
             created_at=lease.created_at, run_at=lease.run_at, group=lease.group,
+            trace_context=lease.trace_context if isinstance(lease.trace_context, dict) else None,
         )  # fmt: skip
 
 

@@ -47,20 +47,30 @@ class LiveServer:
     """One ``batonq serve`` process. ``admin_key`` is the key it printed on
     its first start (None when the database already had keys)."""
 
-    def __init__(self, dsn: str, *args: str, listen_dsn: str | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *args: str,
+        listen_dsn: str | None = None,
+        launcher: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         """``listen_dsn``: $BATONQ_LISTEN_URL for the process (PostgreSQL
-        itself when ``dsn`` is a pooler); by default the one it inherits."""
+        itself when ``dsn`` is a pooler); by default the one it inherits.
+        ``launcher``: the command that runs batonq (``opentelemetry-instrument``);
+        ``env``: more environment."""
         self.dsn = dsn
         self.args = args
         listening = {ENV_LISTEN_DSN: listen_dsn} if listen_dsn else {}
+        listening |= env or {}
         self.output: list[str] = []
         self._lock = threading.Lock()
         for attempt in range(3):  # a free port may be taken before the server binds it
             self.port = free_port()
             self.url = f"http://127.0.0.1:{self.port}"
             self.proc = subprocess.Popen(
-                [str(_BATONQ), "--dsn", dsn, "serve", "--port", str(self.port), "--log-level", "warning",
-                 *args],
+                [*launcher, str(_BATONQ), "--dsn", dsn, "serve", "--port", str(self.port), "--log-level",
+                 "warning", *args],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **listening},
             )  # fmt: skip

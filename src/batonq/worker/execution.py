@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from batonq import tracing
 from batonq.client import AsyncClient
 from batonq.errors import LeaseLost, PayloadTooLarge
 from batonq.json_values import JsonText, json_text
@@ -131,16 +132,19 @@ class Execution:
             self.job._detach()
 
     async def _run_job(self) -> None:
-        self._schedule_heartbeat()
-        try:
-            produced = await self._produce()
-        finally:
-            self._stop_heartbeats()
-            self._on_ran(self)
-        if self.phase == "released":
-            return  # the worker gave the lease back and accounts for it
-        self.phase = "submitting"
-        outcome = await self._submit(produced)
+        with tracing.process(self.job.lease) as span:
+            self._schedule_heartbeat()
+            try:
+                produced = await self._produce()
+            finally:
+                self._stop_heartbeats()
+                self._on_ran(self)
+            if self.phase == "released":
+                tracing.outcome(span, "released")
+                return  # the worker gave the lease back and accounts for it
+            self.phase = "submitting"
+            outcome = await self._submit(produced)
+            tracing.outcome(span, outcome.status, outcome.error)
         self.phase = "finished"
         if self._middleware:
             await run_after(self._middleware, self.job, outcome)

@@ -421,7 +421,7 @@ BEGIN
            batonq._lease_token(c.queue, c.id, c.fencing_token, c.lease_secret),
            c.lease_expires_at, v_lease_s::double precision,
            c.attempts, c.max_attempts, c.priority, c.payload, c.idempotency_key,
-           c.parent_id, c.root_id, c.created_at, c.run_at, c.group_key
+           c.parent_id, c.root_id, c.created_at, c.run_at, c.group_key, c.trace_context
       FROM claimed c
      ORDER BY c.priority DESC, c.run_at, c.id;
     IF v_tokens IS NOT NULL THEN

@@ -159,7 +159,8 @@ CREATE OR REPLACE FUNCTION batonq.enqueue(
     p_idempotency_key text DEFAULT NULL,
     p_held            boolean DEFAULT false,
     p_parent_id       bigint DEFAULT NULL,
-    p_group           text DEFAULT NULL
+    p_group           text DEFAULT NULL,
+    p_trace_context   jsonb DEFAULT NULL
 ) RETURNS batonq.enqueued
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -190,10 +191,11 @@ BEGIN
         END IF;
     END IF;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              idempotency_key, parent_id, root_id, group_key)
+                              idempotency_key, parent_id, root_id, group_key, trace_context)
     VALUES (v_id, p_queue, v_state, p_priority, now() + make_interval(secs => p_delay_s), p_payload,
             coalesce(p_max_attempts, v_queue.max_attempts), p_idempotency_key, p_parent_id,
-            CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END, p_group)
+            CASE WHEN p_parent_id IS NULL THEN v_id ELSE batonq._root_of(p_parent_id) END, p_group,
+            p_trace_context)
     RETURNING id, queue, true, state, run_at INTO v_reply;
     IF v_state = 'pending' AND p_delay_s = 0 THEN
         PERFORM batonq._wake(p_queue);
@@ -214,8 +216,9 @@ CREATE OR REPLACE FUNCTION batonq.enqueue_deduped(
     p_dedupe_key   text,
     p_priority     integer DEFAULT 0,
     p_delay_s      double precision DEFAULT 0,
-    p_max_attempts integer DEFAULT NULL,
-    p_group        text DEFAULT NULL
+    p_max_attempts  integer DEFAULT NULL,
+    p_group         text DEFAULT NULL,
+    p_trace_context jsonb DEFAULT NULL
 ) RETURNS batonq.enqueued
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -227,7 +230,7 @@ BEGIN
      WHERE k.queue = p_queue AND k.key = p_dedupe_key
        AND NOT EXISTS (SELECT FROM batonq.tasks t WHERE t.queue = p_queue AND t.id = k.task_id);
     RETURN batonq.enqueue(p_queue, p_payload, p_priority, p_delay_s, p_max_attempts, p_dedupe_key,
-                          false, NULL, p_group);
+                          false, NULL, p_group, p_trace_context);
 END $$;
 
 -- Enqueue many tasks into one queue in one call (10,000 is fine). The
@@ -245,7 +248,8 @@ CREATE OR REPLACE FUNCTION batonq.enqueue_many(
     p_max_attempts     integer DEFAULT NULL,
     p_held             boolean DEFAULT false,
     p_parent_id        bigint DEFAULT NULL,
-    p_groups           text[] DEFAULT NULL
+    p_groups           text[] DEFAULT NULL,
+    p_trace_context    jsonb DEFAULT NULL
 ) RETURNS TABLE (ord integer, task_id bigint, queue text, created boolean, state text, run_at timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -295,11 +299,11 @@ BEGIN
         RETURN QUERY
         WITH inserted AS (
             INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                                      parent_id, root_id, group_key)
+                                      parent_id, root_id, group_key, trace_context)
             SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
                    now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
                    coalesce(p_max_attempts, v_queue.max_attempts), p_parent_id, coalesce(v_root, i.id),
-                   i.group_key
+                   i.group_key, p_trace_context
               FROM unnest(p_payloads, v_ids, p_priorities, p_delays_s, p_groups)
                    AS i(body, id, priority, delay_s, group_key)
             RETURNING id, queue, state, run_at
@@ -324,11 +328,11 @@ BEGIN
             RETURNING task_id
         )
         INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                                  idempotency_key, parent_id, root_id, group_key)
+                                  idempotency_key, parent_id, root_id, group_key, trace_context)
         SELECT i.id, p_queue, v_state, coalesce(i.priority, 0),
                now() + make_interval(secs => coalesce(i.delay_s, 0)), i.body,
                coalesce(p_max_attempts, v_queue.max_attempts), i.key, p_parent_id, coalesce(v_root, i.id),
-               i.group_key
+               i.group_key, p_trace_context
           FROM input i
          WHERE i.key IS NULL OR i.id IN (SELECT t.task_id FROM taken t);
 
@@ -356,9 +360,9 @@ END $$;
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-    batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint, text),
-    batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text),
-    batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[])
+    batonq.enqueue(text, jsonb, integer, double precision, integer, text, boolean, bigint, text, jsonb),
+    batonq.enqueue_deduped(text, jsonb, text, integer, double precision, integer, text, jsonb),
+    batonq.enqueue_many(text, jsonb[], text[], integer[], double precision[], integer, boolean, bigint, text[], jsonb)
 TO batonq_worker;
 GRANT EXECUTE ON FUNCTION
     batonq.configure_queue(text, integer, integer, double precision, double precision, integer, integer, boolean,

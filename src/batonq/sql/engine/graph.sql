@@ -132,11 +132,12 @@ BEGIN
                  WHERE b.parent_id = p_parent.id AND b.edge_id = p_edge.id AND b.fan_index = p_index);
     END IF;
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              parent_id, root_id, join_task_id, fan_index, group_key)
+                              parent_id, root_id, join_task_id, fan_index, group_key, trace_context)
     VALUES (v_id, p_edge.to_queue, p_state, coalesce(p_edge.priority, p_parent.priority),
             now() + make_interval(secs => p_edge.delay_s), coalesce(p_payload, 'null'),
             v_queue.max_attempts, p_parent.id, p_parent.root_id, p_join_task_id,
-            CASE WHEN p_join_task_id IS NOT NULL THEN p_index END, p_parent.group_key);
+            CASE WHEN p_join_task_id IS NOT NULL THEN p_index END, p_parent.group_key,
+            p_parent.trace_context);
     IF p_state = 'pending' AND p_edge.delay_s = 0 THEN
         PERFORM batonq._wake(p_edge.to_queue);
     END IF;
@@ -268,7 +269,7 @@ DECLARE
     v_made  integer;
 BEGIN
     WITH src AS MATERIALIZED (
-        SELECT a.id AS parent_id, a.root_id, a.priority, a.result, a.group_key,
+        SELECT a.id AS parent_id, a.root_id, a.priority, a.result, a.group_key, a.trace_context,
                nextval('batonq.task_id_seq') AS id
           FROM unnest(p_tasks) AS a
          WHERE batonq._edge_matches(p_edge, a.result)
@@ -280,11 +281,11 @@ BEGIN
         RETURNING task_id
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, payload, max_attempts,
-                              parent_id, root_id, group_key)
+                              parent_id, root_id, group_key, trace_context)
     SELECT s.id, p_edge.to_queue, 'pending', coalesce(p_edge.priority, s.priority),
            now() + make_interval(secs => p_edge.delay_s),
            coalesce(s.result #> batonq._pointer_path(p_edge.map), 'null'),
-           v_queue.max_attempts, s.parent_id, s.root_id, s.group_key
+           v_queue.max_attempts, s.parent_id, s.root_id, s.group_key, s.trace_context
       FROM src s
      WHERE s.id IN (SELECT k.task_id FROM keyed k);
     GET DIAGNOSTICS v_made = ROW_COUNT;

@@ -238,15 +238,19 @@ RETURN least(p_queue.backoff_max_s,
 
 -- A hot row as it enters the archive, finished in p_state. NULL for
 -- p_last_error or p_errors keeps the row's own.
+-- p_trace_context: the context of the run that finished the task (its
+-- batons carry it), when the finisher gave one; else the enqueuer's.
 CREATE OR REPLACE FUNCTION batonq._archive_row(t batonq.tasks, p_state text, p_result jsonb,
-                                    p_last_error text DEFAULT NULL, p_errors jsonb DEFAULT NULL)
+                                    p_last_error text DEFAULT NULL, p_errors jsonb DEFAULT NULL,
+                                    p_trace_context jsonb DEFAULT NULL)
 RETURNS batonq.archive
 LANGUAGE sql STABLE
 RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload, t.attempts,
            t.max_attempts, t.idempotency_key, t.parent_id, t.root_id, t.fencing_token,
            t.claimed_at, t.worker, t.stage, coalesce(p_last_error, t.last_error),
            coalesce(p_errors, t.errors), t.join_task_id, t.fan_index, p_result, now(),
-           t.lease_secret, t.claim_key, t.group_key)::batonq.archive;
+           t.lease_secret, t.claim_key, t.group_key,
+           coalesce(p_trace_context, t.trace_context))::batonq.archive;
 
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.

@@ -253,10 +253,10 @@ BEGIN
     )
     INSERT INTO batonq.tasks (id, queue, state, priority, run_at, created_at, payload, attempts,
                               max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-                              last_error, errors, join_task_id, fan_index, group_key)
+                              last_error, errors, join_task_id, fan_index, group_key, trace_context)
     SELECT id, queue, p_state, priority, now(), created_at, payload, 0,
            max_attempts, idempotency_key, parent_id, root_id, fencing_token,
-           last_error, errors, join_task_id, fan_index, group_key
+           last_error, errors, join_task_id, fan_index, group_key, trace_context
       FROM revived
     RETURNING * INTO v_task;
     RETURN v_task;

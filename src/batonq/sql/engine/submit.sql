@@ -133,7 +133,8 @@ END $$;
 
 -- Complete a leased task of p_queue with its result: it moves to the archive
 -- as done.
-CREATE OR REPLACE FUNCTION batonq.complete_in(p_queue text, p_lease_token text, p_result jsonb DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete_in(p_queue text, p_lease_token text, p_result jsonb DEFAULT NULL,
+                                              p_trace_context jsonb DEFAULT NULL)
 RETURNS batonq.submit_reply
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan SET jit = off AS $$
@@ -152,7 +153,8 @@ BEGIN
            AND t.state IN ('leased', 'pending')
         RETURNING t
     ), archived AS (
-        INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', p_result)).* FROM moved m
+        INSERT INTO batonq.archive
+        SELECT (batonq._archive_row(m.t, 'done', p_result, p_trace_context => p_trace_context)).* FROM moved m
     )
     SELECT (m.t).id, (m.t).join_task_id IS NOT NULL INTO v_id, v_joined FROM moved m;
     IF v_id IS NULL THEN
@@ -177,7 +179,8 @@ END $$;
 -- the other functions it may plan for its arguments (plan_cache_mode auto):
 -- a batch pays for one plan, and a generic DELETE on the partitioned table
 -- opens all 16 partitions.
-CREATE OR REPLACE FUNCTION batonq.complete_many_in(p_queue text, p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete_many_in(p_queue text, p_lease_tokens text[], p_results jsonb[] DEFAULT NULL,
+                                                   p_trace_contexts jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -199,8 +202,8 @@ DECLARE
     v_replies   batonq.submit_reply[] := '{}';
     v_ord       integer;
 BEGIN
-    IF cardinality(p_results) > v_n THEN
-        PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
+    IF cardinality(p_results) > v_n OR cardinality(p_trace_contexts) > v_n THEN
+        PERFORM batonq._invalid_argument('results and trace_contexts may not be longer than lease_tokens');
     END IF;
     SELECT u.ord INTO v_bad
       FROM unnest(p_results) WITH ORDINALITY AS u(res, ord),
@@ -212,8 +215,8 @@ BEGIN
         PERFORM batonq._check_json(format('result %s', v_bad), p_results[v_bad], v_limit);
     END IF;
     WITH input AS MATERIALIZED (
-        SELECT u.ord, u.id, u.fence, u.secret, u.res
-          FROM unnest(v_refs, p_results) WITH ORDINALITY AS u(q, id, fence, secret, res, ord)
+        SELECT u.ord, u.id, u.fence, u.secret, u.res, u.trace
+          FROM unnest(v_refs, p_results, p_trace_contexts) WITH ORDINALITY AS u(q, id, fence, secret, res, trace, ord)
     ), moved AS (
         -- Each input row probes the primary key: (id, queue) names one
         -- row. (An added id = ANY (all ids) rode along into every probe,
@@ -222,9 +225,10 @@ BEGIN
          USING input i
          WHERE t.queue = p_queue AND t.id = i.id AND t.fencing_token = i.fence
            AND t.lease_secret = i.secret AND t.state IN ('leased', 'pending')
-        RETURNING t, i.res, i.ord
+        RETURNING t, i.res, i.trace, i.ord
     ), archived AS (
-        INSERT INTO batonq.archive SELECT (batonq._archive_row(m.t, 'done', m.res)).* FROM moved m
+        INSERT INTO batonq.archive
+        SELECT (batonq._archive_row(m.t, 'done', m.res, p_trace_context => m.trace)).* FROM moved m
     )
     SELECT array_agg(m.ord::integer), array_agg((m.t).id), bool_or((m.t).join_task_id IS NOT NULL)
       INTO v_moved, v_moved_ids, v_joined
@@ -433,22 +437,25 @@ RETURN batonq.release_lease_in(split_part(p_lease_token, '/', 1), p_lease_token)
 
 -- Tokens of many queues: complete_many_in once per queue, the replies back
 -- in the tokens' order.
-CREATE OR REPLACE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL)
+CREATE OR REPLACE FUNCTION batonq.complete_many(p_lease_tokens text[], p_results jsonb[] DEFAULT NULL,
+                                                p_trace_contexts jsonb[] DEFAULT NULL)
 RETURNS TABLE (ord integer, task_id bigint, queue text, outcome text, state text,
                fencing_token bigint, current_fencing_token bigint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
-    IF cardinality(p_results) > cardinality(p_lease_tokens) THEN
-        PERFORM batonq._invalid_argument('results may not be longer than lease_tokens');
+    IF cardinality(p_results) > cardinality(p_lease_tokens)
+       OR cardinality(p_trace_contexts) > cardinality(p_lease_tokens) THEN
+        PERFORM batonq._invalid_argument('results and trace_contexts may not be longer than lease_tokens');
     END IF;
     RETURN QUERY
     SELECT g.ords[r.ord], r.task_id, r.queue, r.outcome, r.state, r.fencing_token, r.current_fencing_token
       FROM (SELECT split_part(u.tok, '/', 1) AS q, array_agg(u.tok ORDER BY u.o) AS toks,
-                   array_agg(u.res ORDER BY u.o) AS results, array_agg(u.o::integer ORDER BY u.o) AS ords
-              FROM unnest(p_lease_tokens, p_results) WITH ORDINALITY AS u(tok, res, o)
+                   array_agg(u.res ORDER BY u.o) AS results, array_agg(u.trace ORDER BY u.o) AS traces,
+                   array_agg(u.o::integer ORDER BY u.o) AS ords
+              FROM unnest(p_lease_tokens, p_results, p_trace_contexts) WITH ORDINALITY AS u(tok, res, trace, o)
              GROUP BY 1) g,
-           LATERAL batonq.complete_many_in(g.q, g.toks, g.results) r
+           LATERAL batonq.complete_many_in(g.q, g.toks, g.results, g.traces) r
      ORDER BY 1;
 END $$;
 
@@ -457,13 +464,13 @@ END $$;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
     batonq.heartbeat_in(text, text, integer, text),
-    batonq.complete_in(text, text, jsonb),
-    batonq.complete_many_in(text, text[], jsonb[]),
+    batonq.complete_in(text, text, jsonb, jsonb),
+    batonq.complete_many_in(text, text[], jsonb[], jsonb[]),
     batonq.fail_in(text, text, jsonb, double precision, boolean),
     batonq.release_lease_in(text, text),
     batonq.heartbeat(text, integer, text),
     batonq.complete(text, jsonb),
-    batonq.complete_many(text[], jsonb[]),
+    batonq.complete_many(text[], jsonb[], jsonb[]),
     batonq.fail(text, jsonb, double precision, boolean),
     batonq.release_lease(text)
 TO batonq_worker;
