@@ -225,6 +225,10 @@ DOORS: dict[str, Door] = {
     "GET /ui/workers": Door(OBSERVER, ("queues",)),
     "POST /ui/tasks/{task_id}/{action}": Door(OPERATOR, ("tasks",)),
     "POST /ui/dead/retry": Door(OPERATOR, ("queues", "tasks")),
+    "GET /ui/schedules": Door(OBSERVER, ("schedules",)),
+    "GET /ui/queues/{queue}/settings": Door(OBSERVER, ("queues",)),
+    "POST /ui/queues/{queue}/settings": Door(ADMIN, ("queues",)),
+    "POST /ui/schedules/{name}/{action}": Door(OPERATOR, ("schedules",), actions=(("remove", ADMIN),)),
 }
 """Every door into batonq that a key opens, by ``METHOD /path`` (HTTP
 routes and dashboard pages, as routed) or ``mcp TOOL`` (MCP tools and

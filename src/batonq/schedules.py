@@ -15,7 +15,7 @@ from croniter import CroniterBadDateError, croniter
 
 from batonq.errors import InvalidArgument
 
-__all__ = ["MAX_TICKS", "FirePlan", "check", "plan"]
+__all__ = ["MAX_TICKS", "FirePlan", "check", "plan", "upcoming"]
 
 MAX_TICKS = 1000
 """At most this many on-time ticks are fired in one round (a schedule that
@@ -98,3 +98,14 @@ def plan(
         ticks.append(tick)
         tick = _after(cron, zone, tick)
     return FirePlan(missed, ticks, tick)
+
+
+def upcoming(cron: str, tz: str, first: datetime | None, count: int, *, now: datetime) -> list[datetime]:
+    """The next ``count`` ticks from ``first`` (a schedule's ``next_tick``;
+    None: the first after ``now``), in UTC."""
+    zone = ZoneInfo(tz)
+    tick = first if first is not None else _after(cron, zone, now)
+    ticks = [tick]
+    while len(ticks) < count:
+        ticks.append(_after(cron, zone, ticks[-1]))
+    return ticks

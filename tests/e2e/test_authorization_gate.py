@@ -300,10 +300,29 @@ async def test_mcp_refusals_change_nothing_and_hide_what_exists(world: World, wh
 
 # -- the dashboard ------------------------------------------------------------------
 
-UI: dict[str, Callable[[Target], Request]] = {
-    "POST /ui/tasks/{task_id}/{action}": lambda t: (f"/ui/tasks/{t.task}/cancel", {}),
-    "POST /ui/dead/retry": lambda t: ("/ui/dead/retry", {"data": {"queue": t.dead_queue}}),
-}
+UiCall = Callable[[Target], Request]
+UI: dict[str, tuple[UiCall, ...]] = {
+    "POST /ui/tasks/{task_id}/{action}": (
+        lambda t: (f"/ui/tasks/{t.task}/cancel", {"twin": "POST /v1/tasks/{task_id}/{action}"}),
+    ),
+    "POST /ui/dead/retry": (
+        lambda t: ("/ui/dead/retry", {"data": {"queue": t.dead_queue},
+                                      "twin": "POST /v1/tasks/{task_id}/{action}"}),
+    ),
+    "POST /ui/schedules/{name}/{action}": (
+        lambda t: (f"/ui/schedules/{t.schedule}/pause", {"twin": "POST /v1/schedules/{name}/{action}"}),
+        lambda t: (f"/ui/schedules/{t.schedule}/run", {"twin": "POST /v1/enqueue"}),
+        lambda t: (f"/ui/schedules/{t.schedule}/remove",
+                   {"action": "remove", "twin": "DELETE /v1/schedules/{name}"}),
+    ),
+    "POST /ui/queues/{queue}/settings": (
+        lambda t: (f"/ui/queues/{t.queue}/settings", {"data": {"paused": "true", "max_leased": "1"},
+                                                      "twin": "PATCH /v1/queues/{queue}"}),
+    ),
+}  # fmt: skip
+"""Each dashboard action's calls: ``action`` names one that needs a
+stronger ring than its door's (``Door.actions``), ``twin`` the API route
+that does the same."""
 SIGNING = {"POST /ui/login", "POST /ui/logout"}
 """Public: a form with no key yet, and signing out (which needs no key)."""
 
@@ -330,8 +349,8 @@ def _csrf(browser: httpx.Client) -> str:
     return found[1] if found and not page.url.path.endswith("/login") else "none"
 
 
-def _post(browser: httpx.Client, door: str, target: Target, csrf: str) -> httpx.Response:
-    path, options = UI[door](target)
+def _post(browser: httpx.Client, call: UiCall, target: Target, csrf: str) -> httpx.Response:
+    path, options = call(target)
     data = {**options.get("data", {}), "csrf": csrf}
     return browser.post(path, data=data, follow_redirects=False)
 
@@ -349,27 +368,42 @@ def test_every_dashboard_action_is_declared_and_walked() -> None:
     assert sorted(set(actions) - SIGNING) == sorted(UI), "dashboard actions this test does not call"
 
 
+def test_no_dashboard_action_needs_a_weaker_ring_than_its_api_twin() -> None:
+    """The dashboard is no way around the API's rings: each action needs
+    the ring (or a stronger one) of the route that does the same."""
+    for door, calls in UI.items():
+        for call in calls:
+            path, options = call(WORLDLESS)
+            needed, twin = DOORS[door].ring_for(options.get("action")), DOORS[options["twin"]].ring
+            assert needed is not None and twin is not None, path
+            assert needed <= twin, f"{path} needs ring {needed}, its twin {options['twin']} ring {twin}"
+
+
+WORLDLESS = Target("q", "t_1", "q/1/1/" + "0" * 32, "s", 1, ("a", "b"), "d")
+
+
 @pytest.mark.parametrize("who", KEYS)
 def test_dashboard_refusals_change_nothing_and_hide_what_exists(world: World, who: str) -> None:
     with contextlib.closing(_signed_in(world, who)) as browser:
         csrf = _csrf(browser)
         assert (csrf == "none") == (who not in world.rings), f"{who}: signed in as it should?"
-        for door in UI:
+        for door, call in ((door, call) for door, calls in UI.items() for call in calls):
             before = snapshot(world.conn)
-            if refused_to(world, who, DOORS[door]):
-                answer = _post(browser, door, world.seeded, csrf)
+            path, options = call(world.seeded)
+            if refused_to(world, who, DOORS[door], options.get("action")):
+                answer = _post(browser, call, world.seeded, csrf)
                 status = 403 if who in world.rings else 401
-                assert answer.status_code == status, f"{who} {door}: {answer.status_code}"
+                assert answer.status_code == status, f"{who} {path}: {answer.status_code}"
             elif who == SCOPED:
-                answer = _post(browser, door, world.seeded, csrf)
-                missing = _post(browser, door, world.missing, csrf)
+                answer = _post(browser, call, world.seeded, csrf)
+                missing = _post(browser, call, world.missing, csrf)
                 assert (answer.status_code, _page_text(answer, world.seeded)) == (
                     missing.status_code,
                     _page_text(missing, world.missing),
-                ), f"{door}: a foreign object answers unlike a missing one"
+                ), f"{path}: a foreign object answers unlike a missing one"
             else:
                 continue
-            assert snapshot(world.conn) == before, f"{who} {door} changed the database"
+            assert snapshot(world.conn) == before, f"{who} {path} changed the database"
 
 
 def test_a_door_without_a_declaration_is_not_served(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,10 +8,13 @@ docs/img/ (shown in docs/dashboard.md).
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import httpx
 import psycopg
@@ -19,6 +22,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Route, expect, sync_playwright
 from tests.e2e.conftest import Serve
 from tests.e2e.live import LiveServer, new_key
+from tests.waiting import wait_for
 
 from batonq.client_sync import Client
 from batonq.errors import LeaseLost, TaskFinished
@@ -30,7 +34,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]  # fmt: skip
 WAIT_MS = 10_000
-
 
 
 @pytest.fixture(scope="module")
@@ -539,3 +542,148 @@ def test_an_action_on_the_task_page_moves_the_run_tree_too(
     admin.get_by_role("button", name="Release").click()
     expect(admin.locator("#task-state")).to_have_text("pending")
     expect(admin.locator("svg.tree text").first).to_have_text(f"t_{task.task_id} · pending")
+
+
+def test_the_schedules_page_shows_next_ticks_and_firings_and_acts_on_them(
+    admin: Page, client: Client, shared_server: LiveServer, browser: Browser, console: Console
+) -> None:
+    client.add_schedule("sched:nightly", "0 3 * * *", "sched:reports", {"kind": "daily"}, tz="Europe/Berlin")
+    client.add_schedule("sched:tick", "* * * * * *", "sched:ticks", {"n": 1})
+    admin.on("dialog", lambda dialog: dialog.accept())
+    admin.goto(f"{shared_server.url}/ui")
+    admin.get_by_role("link", name="Schedules").click()
+    nightly = admin.locator('tr[data-schedule="sched:nightly"]')
+    expect(nightly.locator("td").nth(1)).to_have_text("Europe/Berlin")
+    # 03:00 in Berlin, in UTC: 01:00 in summer, 02:00 in winter, one a day.
+    ticks = nightly.locator("td.ticks time")
+    expect(ticks).to_have_count(3)
+    moments = [datetime.fromisoformat(t or "") for t in ticks.evaluate_all("els => els.map(e => e.dateTime)")]
+    assert all(m.astimezone(ZoneInfo("Europe/Berlin")).hour == 3 for m in moments), moments
+    gaps = {b - a for a, b in itertools.pairwise(moments)}
+    assert gaps <= {timedelta(hours=23), timedelta(hours=24), timedelta(hours=25)}, moments
+    # The every-second schedule fires (the server's sweeper leads): its firings show once reloaded.
+    tick = admin.locator('tr[data-schedule="sched:tick"] td.firings a')
+
+    def fired() -> bool:
+        admin.reload()
+        return tick.count() > 0
+
+    wait_for(fired, timeout=20, what="a firing of sched:tick")
+    task_id = int((tick.first.text_content() or "").removeprefix("t_"))
+    assert client.task(task_id).queue == "sched:ticks"
+    shot(admin, "schedules")
+
+    nightly.get_by_role("button", name="Pause").click()
+    expect(admin.get_by_role("status")).to_have_text("Paused schedule sched:nightly.")
+    expect(nightly.locator(".badge.held")).to_have_text("paused")
+    expect(nightly.locator("td.ticks")).to_have_text("—")
+    paused = client.schedule("sched:nightly")
+    assert paused is not None and paused.paused
+    [entry] = client.settings_audit(kind="schedule", name="sched:nightly", limit=1)
+    admin_id = int((shared_server.admin_key or "").split("_")[1])
+    assert entry.actor == f"key:{admin_id}" and entry.after is not None and entry.after["paused"] is True
+    nightly.get_by_role("button", name="Resume").click()
+    expect(admin.get_by_role("status")).to_have_text("Resumed schedule sched:nightly.")
+    assert not client.schedule("sched:nightly").paused  # type: ignore[union-attr]
+
+    nightly.get_by_role("button", name="Run now").click()
+    expect(admin.get_by_role("status")).to_have_text("Ran schedule sched:nightly.")
+    [ran] = client.find_tasks("sched:reports")
+    assert ran.payload == {"kind": "daily"} and ran.state == "pending"
+    admin.locator('tr[data-schedule="sched:tick"]').get_by_role("button", name="Remove").click()
+    expect(admin.get_by_role("status")).to_have_text("Removed schedule sched:tick.")
+    expect(admin.locator('tr[data-schedule="sched:tick"]')).to_have_count(0)
+    assert client.schedule("sched:tick") is None
+
+    # An operator pauses but may not remove; one of other queues sees none
+    # and may not touch it.
+    url = f"{shared_server.url}/ui/schedules/sched:nightly"
+    with shared_server.http(shared_server.admin_key or "") as http:
+        _, operator = new_key(http, 1, ["sched:*"])
+        _, stranger = new_key(http, 1, ["elsewhere:*"])
+    for context in _context(browser, console):
+        page = sign_in(context, shared_server, operator)
+        page.goto(f"{shared_server.url}/ui/schedules")
+        row_ = page.locator('tr[data-schedule="sched:nightly"]')
+        expect(row_.get_by_role("button", name="Pause")).to_be_visible()
+        expect(row_.get_by_role("button", name="Remove")).to_have_count(0)
+        csrf = page.locator("input[name=csrf]").first.get_attribute("value")
+        forged = context.request.post(f"{url}/remove", form={"csrf": csrf or ""})
+        assert forged.status == 403 and "ring 0 (admin)" in forged.text()
+        assert client.schedule("sched:nightly") is not None
+    for context in _context(browser, console):
+        page = sign_in(context, shared_server, stranger)
+        page.goto(f"{shared_server.url}/ui/schedules")
+        expect(page.locator("table.schedules tbody tr")).to_have_text(re.compile("No schedules"))
+        csrf = page.locator("input[name=csrf]").first.get_attribute("value")
+        hidden = context.request.post(f"{url}/pause", form={"csrf": csrf or ""})
+        assert hidden.status == 404 and "schedule sched:nightly does not exist" in hidden.text()
+        assert not client.schedule("sched:nightly").paused  # type: ignore[union-attr]
+    client.remove_schedule("sched:nightly")
+
+
+def test_a_queues_settings_page_pauses_edits_limits_and_shows_the_audit(
+    admin: Page, client: Client, shared_server: LiveServer, browser: Browser, console: Console
+) -> None:
+    client.enqueue("settings:q", {"n": 1})
+    admin.on("dialog", lambda dialog: dialog.accept())
+    admin.goto(f"{shared_server.url}/ui/tasks?queue=settings:q")
+    admin.get_by_role("link", name="Settings").click()
+    expect(admin.get_by_role("heading", level=1)).to_have_text("Settings of settings:q")
+
+    admin.get_by_role("button", name="Pause queue").click()
+    expect(admin.get_by_role("status")).to_have_text("Paused settings:q.")
+    expect(admin.locator("h1 .badge")).to_have_text("paused")
+    assert client.queue_configs(["settings:q"])[0].paused
+    assert client.claim("settings:q") == []
+
+    admin.get_by_label("Max leased", exact=True).fill("3")
+    admin.get_by_label("Retention (s)").fill("3600")
+    admin.get_by_role("button", name="Save").click()
+    expect(admin.get_by_role("status")).to_have_text("Saved settings:q.")
+    config = client.queue_configs(["settings:q"])[0]
+    assert (config.max_leased, config.retention_s, config.paused) == (3, 3600, True)
+    expect(admin.locator("p.meta")).to_contain_text("Limits: at most 3 leased")
+    admin_id = int((shared_server.admin_key or "").split("_")[1])
+    changes = admin.locator("table.audit tbody tr")
+    expect(changes.first).to_contain_text(f"key:{admin_id}")
+    expect(changes.first).to_contain_text("max_leased: null → 3")
+    expect(changes.first).to_contain_text("retention_s")
+    expect(changes.nth(1)).to_contain_text("paused: false → true")
+    shot(admin, "settings")
+
+    # Checked as the API checks a PATCH: a bad value changes nothing.
+    admin.get_by_label("Lease (s)").fill("0")
+    admin.get_by_label("Max leased", exact=True).fill("0")
+    admin.get_by_role("button", name="Save").click()
+    expect(admin.get_by_role("alert")).to_have_text("Lease (s): must be between 1 and 3600 (got 0)")
+    assert client.queue_configs(["settings:q"])[0].max_leased == 3
+    expect(admin.get_by_label("Max leased", exact=True)).to_have_value("0")  # kept to correct
+    admin.get_by_label("Lease (s)").fill("")
+    admin.get_by_role("button", name="Save").click()  # 0 removes the limit
+    expect(admin.get_by_role("status")).to_have_text("Saved settings:q.")
+    assert client.queue_configs(["settings:q"])[0].max_leased is None
+    admin.get_by_role("button", name="Resume queue").click()
+    expect(admin.locator("h1 .badge")).to_have_count(0)
+    assert not client.queue_configs(["settings:q"])[0].paused
+
+    # An operator reads them but may not change them; another scope sees no such queue.
+    with shared_server.http(shared_server.admin_key or "") as http:
+        _, operator = new_key(http, 1, ["settings:*"])
+        _, stranger = new_key(http, 0, ["elsewhere:*"])
+    url = f"{shared_server.url}/ui/queues/settings:q/settings"
+    for context in _context(browser, console):
+        page = sign_in(context, shared_server, operator)
+        page.goto(url)
+        expect(page.get_by_label("Max leased", exact=True)).to_be_disabled()
+        expect(page.get_by_role("button", name="Pause queue")).to_have_count(0)
+        csrf = page.locator("header input[name=csrf]").get_attribute("value")
+        forged = context.request.post(url, form={"csrf": csrf or "", "paused": "true"})
+        assert forged.status == 403 and "ring 0 (admin)" in forged.text()
+    for context in _context(browser, console):
+        page = sign_in(context, shared_server, stranger)
+        assert context.request.get(url).status == 404
+        csrf = page.locator("header input[name=csrf]").get_attribute("value")
+        hidden = context.request.post(url, form={"csrf": csrf or "", "paused": "true"})
+        assert hidden.status == 404
+    assert not client.queue_configs(["settings:q"])[0].paused

@@ -15,13 +15,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
 
-from batonq import errors
-from batonq.access import Refused, admit, door, visible_task
+from batonq import errors, schedules
+from batonq.access import Refused, admit, door, visible_schedule, visible_task
 from batonq.dashboard import layout
 from batonq.dashboard.session import (
     FLASH_COOKIE,
@@ -38,7 +40,8 @@ from batonq.dashboard.session import (
 )
 from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput, task_ref
 from batonq.rings import RINGS
-from batonq.schemas import RunOut
+from batonq.schemas import QueueSettingsIn, RunOut
+from batonq.service.admin import actor
 from batonq.service.reads import LINEAGE_LIMIT
 from batonq.service.state import client_of, reader_of
 
@@ -58,6 +61,19 @@ ALLOWED = {
     "release": ("held",),
 }
 WINDOWS = {"1h": 3600.0, "24h": 86400.0, "7d": 604800.0}
+SCHEDULE_ACTIONS = {"pause": "Paused", "resume": "Resumed", "run": "Ran", "remove": "Removed"}
+"""A schedule's actions, and how the page reports each once done."""
+TICKS_SHOWN = 3  # next fire times and last firings per schedule
+AUDIT_SHOWN = 10  # a queue's last settings changes
+SETTINGS = (
+    ("lease_s", "Lease (s)"), ("max_attempts", "Max attempts"),
+    ("backoff_base_s", "Backoff base (s)"), ("backoff_max_s", "Backoff max (s)"),
+    ("retention_s", "Retention (s)"), ("max_body_bytes", "Max body (bytes)"),
+    ("max_leased", "Max leased"), ("group_max_leased", "Max leased per group"),
+    ("rate_limit", "Rate limit"), ("group_rate_limit", "Rate limit per group"),
+    ("rate_period_s", "Rate period (s)"),
+)  # fmt: skip
+"""The settings a queue's page edits, in QueueSettingsIn's names, with their labels."""
 
 
 def _age(seconds: float | None) -> str:
@@ -248,6 +264,90 @@ async def queue_rows(request: Request, session: Reader) -> Response:
     return _page(request, session, "_queue_rows.html", **await _queue_rows(request, session))
 
 
+# -- a queue's settings -----------------------------------------------------------
+
+
+async def _settings_page(
+    request: Request,
+    session: Session,
+    queue: str,
+    status: int = 200,
+    outcome: dict[str, Any] | None = None,
+    typed: dict[str, str] | None = None,
+) -> Response:
+    """The page; ``typed``: what a refused form held, shown again to correct."""
+    client = reader_of(request)
+    configs, audit = await asyncio.gather(
+        client.queue_configs([queue]), client.settings_audit(kind="queue", name=queue, limit=AUDIT_SHOWN)
+    )
+    if not configs or not session.covers(queue):  # a queue outside the key's scopes does not exist
+        return _page(request, session, "error.html", status=404, message=f"queue {queue} not found")
+    config = configs[0]
+    current_values = {name: getattr(config, name) for name, _ in SETTINGS}
+    values = {name: "" if value is None else str(value) for name, value in current_values.items()}
+    return _page(
+        request, session, "settings.html", status=status, queue=queue, config=config, audit=audit,
+        fields=SETTINGS, values=values | (typed or {}), outcome=outcome,
+        may_edit=_may(session, "POST /ui/queues/{queue}/settings"),
+    )  # fmt: skip
+
+
+@router.get("/queues/{queue}/settings")
+async def settings_page(request: Request, queue: str, session: Reader) -> Response:
+    """A queue's settings and limits, and who changed them when."""
+    done, _, name = request.cookies.get(FLASH_COOKIE, "").partition(":")
+    outcome = {"ok": True, "text": f"{done} {queue}."} if name == queue and done in _CHANGED else None
+    response = await _settings_page(request, session, queue, outcome=outcome)
+    take_flash(request, response)
+    return response
+
+
+_CHANGED = ("Paused", "Resumed", "Saved")
+
+
+def _form_value(text: str) -> Any:
+    """A form field as the JSON value it spells (``300``, ``1.5``, ``true``),
+    else as text, for the API's schema to check as it checks a body."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text.strip()
+
+
+@router.post("/queues/{queue}/settings")
+async def change_settings(request: Request, queue: str) -> Response:
+    """Pause, resume or change a queue's settings, checked as PATCH
+    /v1/queues/{queue} checks them; empty fields keep their value."""
+    session = await current(request)
+    refused = await _may_act(request, session)
+    if refused is not None:
+        return refused
+    assert session is not None
+    if not session.covers(queue) or not await client_of(request).queue_configs([queue]):
+        return _page(request, session, "error.html", status=404, message=f"queue {queue} not found")
+    form = await request.form()
+    typed = {name: value.strip() for name, value in form.items() if name != "csrf" and isinstance(value, str)}
+    given = {name: _form_value(value) for name, value in typed.items() if value}
+    try:
+        changes = QueueSettingsIn.model_validate(given)
+    except ValidationError as invalid:
+        labels = dict(SETTINGS)
+        problems = "; ".join(
+            f"{labels.get(str(e['loc'][0]), e['loc'][0]) if e['loc'] else 'form'}: {e['msg']}"
+            for e in invalid.errors()
+        )
+        # 200, not 422: the form again, with the reason (an error status is a console error)
+        return await _settings_page(request, session, queue, 200, {"ok": False, "text": problems}, typed)
+    try:
+        await client_of(request).configure_queue(queue, **changes.model_dump(), actor=actor(session.access))
+    except errors.BatonqError as error:
+        return await _settings_page(request, session, queue, 200, {"ok": False, "text": error.message}, typed)
+    done = "Saved" if changes.paused is None else "Paused" if changes.paused else "Resumed"
+    response = RedirectResponse(f"/ui/queues/{quote(queue, safe=':')}/settings", status_code=303)
+    set_flash(request, response, f"{done}:{queue}")
+    return response
+
+
 # -- tasks --------------------------------------------------------------------
 
 
@@ -350,14 +450,14 @@ async def task_page(request: Request, task_id: str, session: Reader) -> Response
     return response
 
 
-async def _may_act(request: Request, session: Session | None) -> Response | None:
-    """None when the request may change tasks; else the refusal."""
+async def _may_act(request: Request, session: Session | None, action: object = None) -> Response | None:
+    """None when the request may take ``action``; else the refusal."""
     if session is None:
         return _page(request, None, "error.html", status=401, message="Sign in first.")
     try:
-        admit(session.access, _door(request))
+        admit(session.access, _door(request), action)
     except Refused:
-        ring, needed = session.access.ring, door(_door(request)).ring
+        ring, needed = session.access.ring, door(_door(request)).ring_for(action)
         assert needed is not None
         message = (
             f"Your key is of ring {ring} ({RINGS[ring]}); this needs ring {needed} ({RINGS[needed]}) "
@@ -459,6 +559,69 @@ async def retry_dead(request: Request) -> Response:
         tasks=[t for t in remaining if session.covers(t.queue)],
         next_before=None, bulk_limit=BULK_LIMIT, outcome={"ok": not refusals, "text": text},
     )  # fmt: skip
+
+
+# -- schedules ------------------------------------------------------------------
+
+
+def _may(session: Session, name: str, action: object = None) -> bool:
+    """Whether the session's key may pass door ``name`` for ``action`` (to
+    show its button)."""
+    needed = door(name).ring_for(action)
+    return needed is None or session.access.ring <= needed
+
+
+@router.get("/schedules")
+async def schedules_page(request: Request, session: Reader) -> Response:
+    """Every schedule of the key's queues: its cron, next fire times, paused
+    state and last firings."""
+    client = reader_of(request)
+    shown = [found for found in await client.schedules() if session.covers(found.queue)]
+    firings = await asyncio.gather(*(client.schedule_firings(s.name, limit=TICKS_SHOWN) for s in shown))
+    now = datetime.now(UTC)
+    upcoming = {
+        s.name: [] if s.paused else schedules.upcoming(s.cron, s.tz, s.next_tick, TICKS_SHOWN, now=now)
+        for s in shown
+    }
+    done = request.cookies.get(FLASH_COOKIE, "").partition(":")
+    outcome = None
+    if done[0] in SCHEDULE_ACTIONS and done[2]:  # back from an action
+        outcome = {"ok": True, "text": f"{SCHEDULE_ACTIONS[done[0]]} schedule {done[2]}."}
+    response = _page(
+        request, session, "schedules.html", schedules=shown, upcoming=upcoming,
+        firings={s.name: f for s, f in zip(shown, firings, strict=True)}, outcome=outcome,
+        may_remove=_may(session, "POST /ui/schedules/{name}/{action}", "remove"),
+    )  # fmt: skip
+    take_flash(request, response)
+    return response
+
+
+@router.post("/schedules/{name}/{action}")
+async def act_on_schedule(request: Request, name: str, action: str) -> Response:
+    """pause, resume, run (enqueue its payload into its queue now, outside
+    its ticks) or remove a schedule; audited as the session's key."""
+    session = await current(request)
+    refused = await _may_act(request, session, action)
+    if refused is not None:
+        return refused
+    assert session is not None
+    if action not in SCHEDULE_ACTIONS:
+        return _page(request, session, "error.html", status=404, message=f"No action {action!r}.")
+    client, who = client_of(request), actor(session.access)
+    try:
+        schedule = await visible_schedule(client, session.access, name)
+        if action == "run":
+            await client.enqueue(schedule.queue, schedule.payload)
+        elif action == "remove":
+            await client.remove_schedule(name, actor=who)
+        else:
+            change = client.pause_schedule if action == "pause" else client.resume_schedule
+            await change(name, actor=who)
+    except errors.BatonqError as error:
+        return _page(request, session, "error.html", status=404, message=error.message)
+    response = RedirectResponse("/ui/schedules", status_code=303)
+    set_flash(request, response, f"{action}:{name}")
+    return response
 
 
 # -- graph and workers --------------------------------------------------------
