@@ -1046,6 +1046,15 @@ RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
 
+-- Whether a task in p_state, due at p_run_at, is what a list asks for:
+-- p_wanted names a state, or 'scheduled' (pending, not due yet); NULL asks
+-- for every task. SQL, so the planner inlines it into the list's filter.
+CREATE OR REPLACE FUNCTION batonq._in_state(p_state text, p_run_at timestamptz, p_wanted text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_wanted IS NULL OR p_state = p_wanted
+        OR (p_wanted = 'scheduled' AND p_state = 'pending' AND p_run_at > now())
+$$;
+
 -- engine/wake.sql
 -- batonq engine: wake-ups. Enqueues notify the claimers waiting on a queue
 -- (LISTEN batonq), only while someone waits (batonq.awaited).
@@ -2534,9 +2543,9 @@ SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 BEGIN
     PERFORM batonq._check_queue_name(p_queue);
     IF p_state IS NOT NULL AND p_state NOT IN
-       ('waiting', 'held', 'pending', 'leased', 'done', 'dead', 'cancelled') THEN
+       ('waiting', 'held', 'pending', 'scheduled', 'leased', 'done', 'dead', 'cancelled') THEN
         PERFORM batonq._invalid_argument(
-            'state must be one of waiting, held, pending, leased, done, dead, cancelled');
+            'state must be one of waiting, held, pending, scheduled, leased, done, dead, cancelled');
     END IF;
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
         PERFORM batonq._invalid_argument('limit must be between 1 and 1000');
@@ -2544,7 +2553,7 @@ BEGIN
     RETURN QUERY
     SELECT v.* FROM (
         (SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
-          WHERE t.queue = p_queue AND (p_state IS NULL OR t.state = p_state)
+          WHERE t.queue = p_queue AND batonq._in_state(t.state, t.run_at, p_state)
             AND t.id < coalesce(p_before_id, 9223372036854775807)
             AND coalesce(p_state, '') NOT IN ('done', 'dead', 'cancelled')
           ORDER BY t.id DESC LIMIT p_limit)
@@ -3802,7 +3811,7 @@ BEGIN
               WHERE a.id = k.task_id AND a.queue = p_queue
          ) v
          WHERE k.queue = p_queue AND k.key = p_key AND v.id < v_before
-           AND (p_worker IS NULL OR v.worker = p_worker) AND (p_state IS NULL OR v.state = p_state);
+           AND (p_worker IS NULL OR v.worker = p_worker) AND batonq._in_state(v.state, v.run_at, p_state);
         RETURN;
     END IF;
     -- By worker: the queue's rows newest first, filtered (no index by worker).
@@ -3810,12 +3819,12 @@ BEGIN
     SELECT v.* FROM (
         (SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
           WHERE t.queue = p_queue AND t.id < v_before AND t.worker = p_worker
-            AND (p_state IS NULL OR t.state = p_state)
+            AND batonq._in_state(t.state, t.run_at, p_state)
           ORDER BY t.id DESC LIMIT v_limit)
         UNION ALL
         (SELECT (batonq._archive_view(a)).* FROM batonq.archive a
           WHERE a.queue = p_queue AND a.id < v_before AND a.worker = p_worker
-            AND (p_state IS NULL OR a.state = p_state)
+            AND batonq._in_state(a.state, a.run_at, p_state)
           ORDER BY a.id DESC LIMIT v_limit)
     ) v
     ORDER BY v.id DESC LIMIT v_limit;
@@ -4341,6 +4350,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('e5b034b37de5ca3ca4cbd4a4b38e3eb88fb186d351abe9b1820369eb50878e1f');
+INSERT INTO batonq.engine (sha256) VALUES ('5ad3ef4b13319cd074046d66af02d9bf4736290fb7a52b7c580cea82c32c5ce0');
 
 COMMIT;

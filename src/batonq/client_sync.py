@@ -66,6 +66,7 @@ _AWAIT_S = 15.0
 _AWAIT_MARGIN_S = 1.0
 _PREPARE_THRESHOLD = 5  # psycopg's default: a statement run this often is prepared
 _POOLER_PROBES = 3
+_PROBE_TRIES = 5  # a probe's connection lost, it is asked again (0.1 to 0.8 s apart)
 _RECONNECT_S = 0.5
 _UNREACHABLE_WAIT_S = 1.0
 """How long a call waits for a connection while the database is unreachable."""
@@ -114,6 +115,18 @@ def transaction_pooled(dsn: str) -> bool:
             if again != first or theirs in (first, again):
                 return True
     return False
+
+
+def _probed_pooled(dsn: str) -> bool:
+    """``transaction_pooled``, asked again when a probe's connection is lost
+    (a backend terminated, the server restarting): the pool has connected,
+    so the server is there, and a worker must ride such faults out."""
+    for attempt in range(_PROBE_TRIES - 1):
+        try:
+            return transaction_pooled(dsn)
+        except psycopg.OperationalError:
+            time.sleep(0.1 * 2**attempt)
+    return transaction_pooled(dsn)
 
 
 def _server_pid(conn: psycopg.Connection[Any]) -> int:
@@ -217,7 +230,7 @@ class Client:
         self._pool.open(wait=True)
         try:
             if self.pooled is None:
-                self.pooled = transaction_pooled(self.dsn)
+                self.pooled = _probed_pooled(self.dsn)
             if self._listen:
                 self.session_dsn()  # a setup that cannot listen fails now, not at a long-poll
         except BaseException:
@@ -607,7 +620,8 @@ class Client:
         limit: int = 50,
         before_id: int | str | None = None,
     ) -> list[Task]:
-        """The newest tasks of a queue, optionally in one state."""
+        """The newest tasks of a queue, optionally in one state (or
+        ``"scheduled"``: pending with a ``run_at`` still ahead)."""
         return self._run(operations.tasks(queue, state=state, limit=limit, before_id=before_id))
 
     def queues(

@@ -43,6 +43,9 @@ JSON = Any
 """Any value that JSON can hold."""
 
 TASK_STATES = ("waiting", "held", "pending", "leased", "done", "dead", "cancelled")
+STATE_FILTERS = ("waiting", "held", "pending", "scheduled", "leased", "done", "dead", "cancelled")
+"""What a task list filters by: a state, or ``scheduled`` (pending with a
+``run_at`` still ahead)."""
 FINISHED_STATES = ("done", "dead", "cancelled")
 SET_ASIDE_KINDS = ("complete", "fail", "heartbeat", "release")
 AUDITED_KINDS = ("queue", "schedule")

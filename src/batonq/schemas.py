@@ -102,6 +102,9 @@ WaitS = Annotated[float, Field(ge=0, le=MAX_WAIT_S), _between(0, MAX_WAIT_S)]
 FencingToken = Annotated[int, Field(ge=1, le=MAX_ID), _Integral, _between(1, MAX_ID)]
 
 State = Literal["waiting", "held", "pending", "leased", "done", "dead", "cancelled"]
+StateFilter = Literal["waiting", "held", "pending", "scheduled", "leased", "done", "dead", "cancelled"]
+"""A list's filter (models.STATE_FILTERS): a state, or ``scheduled``, the
+pending whose run_at is still ahead."""
 RunState = Literal["running", "done", "failed"]
 Missed = Literal["fire-once", "skip"]  # models.MISSED_TICKS
 QueueName = Field(pattern=QUEUE_NAME_PATTERN, examples=["shop:tasks"])

@@ -687,3 +687,48 @@ def test_a_queues_settings_page_pauses_edits_limits_and_shows_the_audit(
         hidden = context.request.post(url, form={"csrf": csrf or "", "paused": "true"})
         assert hidden.status == 404
     assert not client.queue_configs(["settings:q"])[0].paused
+
+
+def test_a_task_not_due_yet_shows_as_scheduled_and_filters_so(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    later = client.enqueue("when:q", {"n": 1}, delay_s=7200)
+    due = client.enqueue("when:q", {"n": 2})
+    admin.goto(f"{shared_server.url}/ui/tasks?queue=when:q")
+    rows = admin.locator("table.tasks tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0).locator(".badge")).to_have_text("pending")
+    expect(rows.nth(1).locator(".badge")).to_have_text("scheduled")
+    expect(rows.nth(1)).to_contain_text("1h 59m")  # runs in
+    admin.get_by_label("State").select_option("scheduled")
+    admin.get_by_role("button", name="Show").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first.get_by_role("link")).to_have_text(f"t_{later.task_id}")
+    rows.first.get_by_role("link").click()
+    expect(admin.locator("#task-state")).to_have_text("pending")
+    expect(admin.locator("dl.facts")).to_contain_text("(scheduled: in 1h 59m)")
+    assert client.task(due.task_id).state == "pending"
+
+
+def test_a_task_list_and_a_task_page_follow_the_task_without_a_reload(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    first = client.enqueue("live:q", {"n": 1})
+    admin.goto(f"{shared_server.url}/ui/tasks?queue=live:q")
+    rows = admin.locator("#task-rows table.tasks tbody tr")
+    expect(rows).to_have_count(1)
+    second = client.enqueue("live:q", {"n": 2})
+    expect(rows).to_have_count(2)  # no reload
+    expect(rows.first.get_by_role("link")).to_have_text(f"t_{second.task_id}")
+
+    admin.goto(f"{shared_server.url}/ui/tasks/t_{first.task_id}")
+    expect(admin.locator("#task-state")).to_have_text("pending")
+    [lease] = client.claim("live:q", worker="w-live", lease_s=600)
+    assert lease.task_id == first.task_id
+    expect(admin.locator("#task-state")).to_have_text("leased")
+    expect(admin.locator("dl.facts")).to_contain_text("w-live")
+    expect(admin.locator("dl.facts")).to_contain_text(re.compile(r"Lease left\s*9m \d+s"))
+    client.complete(lease.lease_token, {"ok": True})
+    expect(admin.locator("#task-state")).to_have_text("done")
+    expect(admin.locator("#task-live")).not_to_have_class(re.compile("live"))  # finished: no more polls
+    expect(admin.locator("#task-live")).to_contain_text('"ok": true')

@@ -69,6 +69,28 @@ def test_tasks_by_key_worker_and_dead_letters(admin: batonq.Client, reader: bato
     assert [t.queue for t in reader.dead_tasks(["*"], before_id=other.task_id)] == ["f:q"]
 
 
+def test_the_scheduled_filter_lists_the_pending_not_due_yet(
+    admin: batonq.Client, reader: batonq.Client
+) -> None:
+    later = admin.enqueue("sch:q", {"n": 1}, delay_s=3600, idempotency_key="later")
+    now = admin.enqueue("sch:q", {"n": 2})
+    latest = admin.enqueue("sch:q", {"n": 3}, delay_s=3600)
+    [lease] = admin.claim("sch:q", worker="w-1")
+    assert lease.task_id == now.task_id
+    admin.complete(lease.lease_token, None)
+    due = admin.enqueue("sch:q", {"n": 4})
+
+    scheduled = [t.id for t in reader.tasks("sch:q", state="scheduled")]
+    assert scheduled == [latest.task_id, later.task_id]
+    assert [t.id for t in reader.tasks("sch:q", state="pending")] == [due.task_id, *scheduled]
+    assert [t.id for t in reader.tasks("sch:q", state="scheduled", limit=1)] == scheduled[:1]
+    keyed = reader.find_tasks("sch:q", idempotency_key="later", state="scheduled")
+    assert [t.id for t in keyed] == [later.task_id]
+    assert reader.find_tasks("sch:q", worker="w-1", state="scheduled") == []
+    with pytest.raises(batonq.InvalidArgument, match="pending, scheduled, leased"):
+        reader.tasks("sch:q", state="soon")
+
+
 def test_throughput_counts_finishes_per_minute(admin: batonq.Client, reader: batonq.Client) -> None:
     for i in range(3):
         admin.enqueue("tp:q", i)

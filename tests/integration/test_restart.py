@@ -1,10 +1,12 @@
 """A PostgreSQL restart cuts every pooled connection: the calls after it,
 once the server is back, succeed (none of them gets a closed connection);
 a long-poll waiting through it, behind PgBouncer, is woken as before.
-Each test crashes and restarts a private cluster of its own."""
+Each test crashes and restarts a private cluster of its own; a client
+opened while backends are terminated opens all the same."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -141,3 +143,29 @@ def _answers(client: batonq.Client) -> bool:
     except DOWN:
         return False
     return True
+
+
+def test_clients_open_while_backends_are_terminated(dsn: str) -> None:
+    """A client that opens while its connections are being cut (a backend
+    terminated every 100 ms) opens all the same: a worker starting during a
+    fault rides it out instead of exiting."""
+    stop = threading.Event()
+
+    def terminate() -> None:
+        with psycopg.connect(dsn, autocommit=True, application_name="terminator") as conn:
+            while not stop.wait(0.1):
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND backend_type = 'client backend'"
+                )
+
+    terminator = threading.Thread(target=terminate, daemon=True)
+    terminator.start()
+    try:
+        for _ in range(40):
+            with batonq.connect(dsn, listen=False, max_connections=2) as client:
+                assert client.pooled is False
+    finally:
+        stop.set()
+        terminator.join()

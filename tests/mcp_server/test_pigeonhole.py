@@ -196,8 +196,8 @@ async def test_bad_values_are_answered_with_a_sentence(target: Target) -> None:
             (
                 "batonq_tasks",
                 {"status": "failed"},
-                "status must be 'waiting', 'held', 'pending', 'leased', 'done', 'dead' or 'cancelled' "
-                '(got "failed")',
+                "status must be 'waiting', 'held', 'pending', 'scheduled', 'leased', 'done', 'dead'"
+                ' or \'cancelled\' (got "failed")',
             ),
             ("batonq_tasks", {"limit": 1.5}, "limit must be a whole number (got 1.5)"),
             (

@@ -21,14 +21,18 @@ from batonq.cli.output import (
     truncate,
 )
 from batonq.limits import MAX_PAGE
-from batonq.models import JSON, TASK_STATES, SetAsideWrite, Task
+from batonq.models import JSON, STATE_FILTERS, SetAsideWrite, Task
 
 __all__ = ["cancel", "hold", "release", "retry", "task", "tasks"]
 
 
 @click.command()
 @click.argument("queue")
-@click.option("--state", type=click.Choice(TASK_STATES), help="Only tasks in this state.")
+@click.option(
+    "--state",
+    type=click.Choice(STATE_FILTERS),
+    help="Only tasks in this state (scheduled: pending, not due yet).",
+)
 @click.option(
     "--limit", type=int, default=50, metavar="N", show_default=True, help=f"At most this many (1-{MAX_PAGE})."
 )

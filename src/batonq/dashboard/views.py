@@ -38,7 +38,7 @@ from batonq.dashboard.session import (
     sign_out,
     take_flash,
 )
-from batonq.models import TASK_STATES, Edge, QueueStats, Task, Throughput, task_ref
+from batonq.models import STATE_FILTERS, Edge, QueueStats, Task, Throughput, task_ref
 from batonq.rings import RINGS
 from batonq.schemas import QueueSettingsIn, RunOut
 from batonq.service.admin import actor
@@ -117,7 +117,7 @@ def _error_parts(error: Any) -> tuple[str, str]:
 templates.env.filters.update(
     age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=task_ref, error_parts=_error_parts
 )
-templates.env.globals.update(RINGS=RINGS, STATES=TASK_STATES, ALLOWED=ALLOWED)
+templates.env.globals.update(RINGS=RINGS, STATES=STATE_FILTERS, ALLOWED=ALLOWED)
 
 
 def _page(
@@ -359,6 +359,7 @@ async def tasks_page(request: Request, session: Reader) -> Response:
     found: list[Task] = []
     limits: list[str] = []
     problem = None
+    now = datetime.now(UTC)
     if queue is not None:
         if not session.covers(queue):
             problem = f"This key may not see queue {queue!r}."
@@ -376,7 +377,7 @@ async def tasks_page(request: Request, session: Reader) -> Response:
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
         tasks=found, grouped=any(t.group is not None for t in found), limits=limits, problem=problem,
-        now=datetime.now(UTC),
+        now=now, scheduled={t.id for t in found if t.state == "pending" and t.run_at > now},
         next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
     )  # fmt: skip
 

@@ -45,6 +45,7 @@ from batonq.schemas import (
     ScheduleOut,
     SetAsideOut,
     State,
+    StateFilter,
     TaskOut,
     tid,
 )
@@ -418,10 +419,11 @@ async def batonq_tasks(
     ctx: Context[Any, Any],
     queue: Queue,
     status: Annotated[
-        State | None,
+        StateFilter | None,
         Field(
             validation_alias=AliasChoices("status", "state"),
-            description="Only tasks in this state; 'dead' lists what ran out of attempts.",
+            description="Only tasks in this state; 'dead' lists what ran out of attempts,"
+            " 'scheduled' the pending not due yet.",
         ),
     ] = None,
     limit: Annotated[int, Field(ge=1, le=200, description="At most this many tasks.")] = 20,

@@ -64,8 +64,10 @@ async def tasks(
     request: Request,
     access: Key,
     queue: Annotated[str, Query(pattern=QUEUE_NAME_PATTERN)],
-    state: s.State | None = None,
-    status: Annotated[s.State | None, Query(description="the same as state")] = None,
+    state: Annotated[
+        s.StateFilter | None, Query(description="a state, or scheduled: the pending not due yet")
+    ] = None,
+    status: Annotated[s.StateFilter | None, Query(description="the same as state")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
     cursor: Annotated[
         str | None, Query(pattern=s.TASK_ID_PATTERN, description="next_cursor of the previous page")

@@ -26,13 +26,18 @@
   document.addEventListener("DOMContentLoaded", function () { drawSparks(document); });
   document.addEventListener("htmx:afterSettle", function (e) { drawSparks(e.target); });
 
-  // The queue table asks for its next state 2 s after it got the last one,
-  // so a slow database is never asked twice at once. Re-rendered under the
-  // keyboard it would drop the focus: while the focus is inside it (or the
-  // tab is hidden), it waits another 2 s instead.
+  // A live part of a page (class "live": the queue table, a task list, a
+  // task) asks for its next state 2 s after it got the last one, so a slow
+  // database is never asked twice at once. Re-rendered under the keyboard
+  // it would drop the focus, and it would close a trace being read: while
+  // the focus is inside it, a trace in it is open, or the tab is hidden, it
+  // waits another 2 s instead.
+  function busy(el) {
+    return document.hidden || el.contains(document.activeElement) || el.querySelector("details[open]");
+  }
   document.addEventListener("htmx:beforeRequest", function (e) {
     var el = e.detail.elt;
-    if (el.id === "queue-rows" && (document.hidden || el.contains(document.activeElement))) {
+    if (el.classList.contains("live") && busy(el)) {
       e.preventDefault();
       htmx.trigger(el, "refresh");
     }
@@ -41,7 +46,7 @@
   // After a failed refresh (the server restarting, say), try again.
   ["htmx:sendError", "htmx:responseError"].forEach(function (name) {
     document.addEventListener(name, function (e) {
-      if (e.detail.elt.id === "queue-rows") htmx.trigger(e.detail.elt, "refresh");
+      if (e.detail.elt.classList.contains("live")) htmx.trigger(e.detail.elt, "refresh");
     });
   });
 

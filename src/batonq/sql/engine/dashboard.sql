@@ -84,7 +84,7 @@ BEGIN
               WHERE a.id = k.task_id AND a.queue = p_queue
          ) v
          WHERE k.queue = p_queue AND k.key = p_key AND v.id < v_before
-           AND (p_worker IS NULL OR v.worker = p_worker) AND (p_state IS NULL OR v.state = p_state);
+           AND (p_worker IS NULL OR v.worker = p_worker) AND batonq._in_state(v.state, v.run_at, p_state);
         RETURN;
     END IF;
     -- By worker: the queue's rows newest first, filtered (no index by worker).
@@ -92,12 +92,12 @@ BEGIN
     SELECT v.* FROM (
         (SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
           WHERE t.queue = p_queue AND t.id < v_before AND t.worker = p_worker
-            AND (p_state IS NULL OR t.state = p_state)
+            AND batonq._in_state(t.state, t.run_at, p_state)
           ORDER BY t.id DESC LIMIT v_limit)
         UNION ALL
         (SELECT (batonq._archive_view(a)).* FROM batonq.archive a
           WHERE a.queue = p_queue AND a.id < v_before AND a.worker = p_worker
-            AND (p_state IS NULL OR a.state = p_state)
+            AND batonq._in_state(a.state, a.run_at, p_state)
           ORDER BY a.id DESC LIMIT v_limit)
     ) v
     ORDER BY v.id DESC LIMIT v_limit;

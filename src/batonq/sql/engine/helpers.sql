@@ -255,3 +255,12 @@ RETURN ROW(t.id, t.queue, p_state, t.priority, t.run_at, t.created_at, t.payload
 -- A function is executable by PUBLIC when made: take that back, so the
 -- grants below are the only door.
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA batonq FROM PUBLIC;
+
+-- Whether a task in p_state, due at p_run_at, is what a list asks for:
+-- p_wanted names a state, or 'scheduled' (pending, not due yet); NULL asks
+-- for every task. SQL, so the planner inlines it into the list's filter.
+CREATE OR REPLACE FUNCTION batonq._in_state(p_state text, p_run_at timestamptz, p_wanted text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_wanted IS NULL OR p_state = p_wanted
+        OR (p_wanted = 'scheduled' AND p_state = 'pending' AND p_run_at > now())
+$$;

@@ -46,9 +46,9 @@ SET plan_cache_mode = force_generic_plan SET jit = off AS $$
 BEGIN
     PERFORM batonq._check_queue_name(p_queue);
     IF p_state IS NOT NULL AND p_state NOT IN
-       ('waiting', 'held', 'pending', 'leased', 'done', 'dead', 'cancelled') THEN
+       ('waiting', 'held', 'pending', 'scheduled', 'leased', 'done', 'dead', 'cancelled') THEN
         PERFORM batonq._invalid_argument(
-            'state must be one of waiting, held, pending, leased, done, dead, cancelled');
+            'state must be one of waiting, held, pending, scheduled, leased, done, dead, cancelled');
     END IF;
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 1000 THEN
         PERFORM batonq._invalid_argument('limit must be between 1 and 1000');
@@ -56,7 +56,7 @@ BEGIN
     RETURN QUERY
     SELECT v.* FROM (
         (SELECT (batonq._hot_view(t)).* FROM batonq.tasks t
-          WHERE t.queue = p_queue AND (p_state IS NULL OR t.state = p_state)
+          WHERE t.queue = p_queue AND batonq._in_state(t.state, t.run_at, p_state)
             AND t.id < coalesce(p_before_id, 9223372036854775807)
             AND coalesce(p_state, '') NOT IN ('done', 'dead', 'cancelled')
           ORDER BY t.id DESC LIMIT p_limit)
