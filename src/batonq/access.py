@@ -225,6 +225,7 @@ DOORS: dict[str, Door] = {
     "GET /ui/workers": Door(OBSERVER, ("queues",)),
     "POST /ui/tasks/{task_id}/{action}": Door(OPERATOR, ("tasks",)),
     "POST /ui/dead/retry": Door(OPERATOR, ("queues", "tasks")),
+    "POST /ui/tasks/bulk": Door(OPERATOR, ("queues", "tasks")),
     "GET /ui/schedules": Door(OBSERVER, ("schedules",)),
     "GET /ui/queues/{queue}/settings": Door(OBSERVER, ("queues",)),
     "POST /ui/queues/{queue}/settings": Door(ADMIN, ("queues",)),

@@ -309,6 +309,12 @@ UI: dict[str, tuple[UiCall, ...]] = {
         lambda t: ("/ui/dead/retry", {"data": {"queue": t.dead_queue},
                                       "twin": "POST /v1/tasks/{task_id}/{action}"}),
     ),
+    "POST /ui/tasks/bulk": (
+        lambda t: ("/ui/tasks/bulk", {"data": {"op": "cancel", "task": t.task},
+                                      "twin": "POST /v1/tasks/{task_id}/{action}"}),
+        lambda t: ("/ui/tasks/bulk", {"data": {"op": "cancel", "queue": t.queue, "all": "1"},
+                                      "twin": "POST /v1/tasks/{task_id}/{action}"}),
+    ),
     "POST /ui/schedules/{name}/{action}": (
         lambda t: (f"/ui/schedules/{t.schedule}/pause", {"twin": "POST /v1/schedules/{name}/{action}"}),
         lambda t: (f"/ui/schedules/{t.schedule}/run", {"twin": "POST /v1/enqueue"}),

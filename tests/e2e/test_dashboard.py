@@ -19,7 +19,16 @@ from zoneinfo import ZoneInfo
 import httpx
 import psycopg
 import pytest
-from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Page, Route, expect, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Dialog,
+    Page,
+    Route,
+    expect,
+    sync_playwright,
+)
 from tests.e2e.conftest import Serve
 from tests.e2e.live import LiveServer, new_key
 from tests.waiting import wait_for
@@ -732,3 +741,38 @@ def test_a_task_list_and_a_task_page_follow_the_task_without_a_reload(
     expect(admin.locator("#task-state")).to_have_text("done")
     expect(admin.locator("#task-live")).not_to_have_class(re.compile("live"))  # finished: no more polls
     expect(admin.locator("#task-live")).to_contain_text('"ok": true')
+
+
+def test_tasks_are_ticked_and_acted_on_together_with_a_count_to_confirm(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    first, second, third = (client.enqueue("bulk:q", {"n": n}) for n in range(3))
+    asked: list[str] = []
+
+    def confirm(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        dialog.accept()
+
+    admin.on("dialog", confirm)
+    admin.goto(f"{shared_server.url}/ui/tasks?queue=bulk:q")
+    admin.get_by_label(f"Tick t_{first.task_id}").check()
+    admin.get_by_label(f"Tick t_{third.task_id}").check()
+    admin.locator("#select").get_by_role("button", name="Hold").click()
+    expect(admin.get_by_role("status")).to_have_text("Held 2 tasks.")
+    assert asked == ["Hold 2 tasks?"]
+    assert [client.task(t.task_id).state for t in (first, second, third)] == ["held", "pending", "held"]
+    shot(admin, "select")
+
+    # Every task the list shows: the one that cannot be released is named.
+    admin.get_by_label("every task this list shows").check()
+    admin.locator("#select").get_by_role("button", name="Release").click()
+    expect(admin.get_by_role("status")).to_contain_text("Released 2 tasks. 1 could not be (")
+    assert asked[-1] == "Release every task this list shows?"
+    assert [client.task(t.task_id).state for t in (first, second, third)] == ["pending"] * 3
+
+    # The page's box ticks them all; a cancel then ends every one.
+    admin.get_by_label("Tick every task on this page").check()
+    admin.locator("#select").get_by_role("button", name="Cancel").click()
+    expect(admin.get_by_role("status")).to_have_text("Cancelled 3 tasks.")
+    assert asked[-1] == "Cancel 3 tasks?"
+    assert {client.task(t.task_id).state for t in (first, second, third)} == {"cancelled"}

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
@@ -53,7 +53,9 @@ templates = Jinja2Templates(directory=Path(__file__).with_name("templates"))
 PAGE = 50
 SPARK_MINUTES = 15
 BULK_LIMIT = 500
-ACTIONS = ("retry", "cancel", "hold", "release")
+DONE = {"retry": "Retried", "cancel": "Cancelled", "hold": "Held", "release": "Released"}
+"""The actions on a task, and how a page reports each once done."""
+ACTIONS = tuple(DONE)
 ALLOWED = {
     "retry": ("dead", "cancelled"),
     "cancel": ("waiting", "held", "pending", "leased"),
@@ -351,11 +353,14 @@ async def change_settings(request: Request, queue: str) -> Response:
 # -- tasks --------------------------------------------------------------------
 
 
-@router.get("/tasks")
-async def tasks_page(request: Request, session: Reader) -> Response:
-    params = request.query_params
-    queue, state = _text(params.get("queue")), _text(params.get("state"))
-    key, worker, before = _text(params.get("key")), _text(params.get("worker")), _text(params.get("before"))
+_FILTERS = ("queue", "state", "key", "worker", "before")
+"""A task list's filters, in the page's query string and in its forms."""
+
+
+async def _tasks_page(
+    request: Request, session: Session, filters: dict[str, str | None], outcome: dict[str, Any] | None = None
+) -> Response:
+    queue, state, key, worker, before = (filters.get(name) for name in _FILTERS)
     found: list[Task] = []
     limits: list[str] = []
     problem = None
@@ -373,13 +378,75 @@ async def tasks_page(request: Request, session: Reader) -> Response:
                 problem = error.message
             else:
                 limits = configs[0].limits if configs else []
+    shown = {name: value for name, value in filters.items() if value is not None}
     return _page(
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
         tasks=found, grouped=any(t.group is not None for t in found), limits=limits, problem=problem,
         now=now, scheduled={t.id for t in found if t.state == "pending" and t.run_at > now},
         next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
+        live_url=f"/ui/tasks?{urlencode(shown, safe=':')}", outcome=outcome, bulk_limit=BULK_LIMIT,
     )  # fmt: skip
+
+
+def _filters(values: Any) -> dict[str, str | None]:
+    """The filters named in ``values`` (query parameters or a form's fields)."""
+    return {name: _text(v if isinstance(v := values.get(name), str) else None) for name in _FILTERS}
+
+
+@router.get("/tasks")
+async def tasks_page(request: Request, session: Reader) -> Response:
+    return await _tasks_page(request, session, _filters(request.query_params))
+
+
+def _task_action(request: Request, action: str) -> Callable[[int], Awaitable[Task]]:
+    """The client's call for one of ACTIONS."""
+    client = client_of(request)
+    calls = {"retry": client.retry, "cancel": client.cancel, "hold": client.hold, "release": client.release}
+    return calls[action]
+
+
+@router.post("/tasks/bulk")
+async def act_on_many(request: Request) -> Response:
+    """Retry, cancel, hold or release the chosen tasks of a list, or every
+    task its filters show (up to BULK_LIMIT), each as its own action: one
+    that cannot be taken (a task in another state, or not visible) is
+    reported and the others go on."""
+    session = await current(request)
+    refused = await _may_act(request, session)
+    if refused is not None:
+        return refused
+    assert session is not None
+    form = await request.form()
+    action, filters = form.get("op"), _filters(form)
+    if not isinstance(action, str) or action not in ACTIONS:
+        return _page(request, session, "error.html", status=404, message=f"No action {action!r}.")
+    client = client_of(request)
+    chosen: list[str | int] = [v for v in form.getlist("task") if isinstance(v, str)]
+    queue = filters["queue"]
+    if form.get("all") and queue is not None and session.covers(queue):
+        every = await client.find_tasks(
+            queue, state=filters["state"], idempotency_key=filters["key"], worker=filters["worker"],
+            limit=BULK_LIMIT,
+        )  # fmt: skip
+        chosen = [t.id for t in every]
+    operation = _task_action(request, action)
+    acted, refusals = 0, []
+    for task_id in chosen[:BULK_LIMIT]:
+        try:
+            task = await visible_task(client, session.access, str(task_id))
+            await operation(task.id)
+            acted += 1
+        except errors.BatonqError as failure:
+            refusals.append(failure.message)
+    text = f"{DONE[action]} {acted} task{'s' if acted != 1 else ''}."
+    if not chosen:
+        text = "No task chosen: tick the tasks to act on, or every task this list shows."
+    elif refusals:
+        text += f" {len(refusals)} could not be ({refusals[0]})."
+    return await _tasks_page(
+        request, session, {**filters, "before": None}, {"ok": bool(chosen) and not refusals, "text": text}
+    )
 
 
 def _moment(value: Any) -> datetime | None:
@@ -483,11 +550,8 @@ async def act(request: Request, task_id: str, action: str) -> Response:
     if isinstance(task, Response):
         return task
     client = client_of(request)
-    operation = {
-        "retry": client.retry, "cancel": client.cancel, "hold": client.hold, "release": client.release
-    }
     try:
-        task = await operation[action](task.id)
+        task = await _task_action(request, action)(task.id)
         outcome = {"ok": True, "text": f"{task_ref(task.id)} is {task.state} now."}
     except errors.BatonqError as error:
         task = await client.task(task.id)

@@ -33,7 +33,8 @@
   // the focus is inside it, a trace in it is open, or the tab is hidden, it
   // waits another 2 s instead.
   function busy(el) {
-    return document.hidden || el.contains(document.activeElement) || el.querySelector("details[open]");
+    return document.hidden || el.contains(document.activeElement) || el.querySelector("details[open]") ||
+      el.querySelector("input[type=checkbox]:checked");
   }
   document.addEventListener("htmx:beforeRequest", function (e) {
     var el = e.detail.elt;
@@ -52,8 +53,25 @@
 
   document.addEventListener("submit", function (e) {
     var form = e.target;
+    if (form.id === "select") {
+      // An action on the tasks ticked in a list, or on all it shows: say how many.
+      var op = e.submitter ? e.submitter.value : "act on";
+      var ticked = document.querySelectorAll("input[form=select][name=task]:checked").length;
+      var what = form.elements.all.checked ? "every task this list shows" :
+        ticked + " task" + (ticked === 1 ? "" : "s");
+      if (!window.confirm(op.charAt(0).toUpperCase() + op.slice(1) + " " + what + "?")) e.preventDefault();
+      return;
+    }
     if (form.dataset && form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
       e.preventDefault();
     }
+  });
+
+  // The box in a task list's header ticks every task on the page.
+  document.addEventListener("change", function (e) {
+    if (e.target.id !== "select-page") return;
+    document.querySelectorAll("input[form=select][name=task]").forEach(function (box) {
+      box.checked = e.target.checked;
+    });
   });
 })();
