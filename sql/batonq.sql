@@ -3830,6 +3830,31 @@ BEGIN
     ORDER BY v.id DESC LIMIT v_limit;
 END $$;
 
+-- The tasks whose idempotency key is p_key, across the queues in scope,
+-- newest first. One probe of the (queue, key) index per queue: a search
+-- costs as many probes as there are queues, and an enqueue pays nothing for
+-- it (no index by key alone to keep up).
+CREATE OR REPLACE FUNCTION batonq.tasks_by_key(
+    p_scopes text[],
+    p_key    text,
+    p_limit  integer DEFAULT 50
+) RETURNS SETOF batonq.task_view
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan SET jit = off
+BEGIN ATOMIC
+    SELECT v.* FROM batonq.queues q
+     CROSS JOIN LATERAL (
+         SELECT k.task_id FROM batonq.idempotency_keys k WHERE k.queue = q.name AND k.key = p_key
+     ) k
+     CROSS JOIN LATERAL (
+         SELECT (batonq._hot_view(t)).* FROM batonq.tasks t WHERE t.queue = q.name AND t.id = k.task_id
+         UNION ALL
+         SELECT (batonq._archive_view(a)).* FROM batonq.archive a WHERE a.id = k.task_id AND a.queue = q.name
+     ) v
+     WHERE q.name ~ ANY (p_scopes)
+     ORDER BY v.id DESC LIMIT least(greatest(p_limit, 1), 1000);
+END;
+
 -- Dead tasks across the queues in scope, newest first: optionally of one
 -- queue, or with p_error in their last error.
 CREATE OR REPLACE FUNCTION batonq.dead_tasks(
@@ -3916,6 +3941,7 @@ GRANT EXECUTE ON FUNCTION
     batonq.queue_count(text[], text),
     batonq.throughput(text[], integer),
     batonq.find_tasks(text, text, text, text, integer, bigint),
+    batonq.tasks_by_key(text[], text, integer),
     batonq.dead_tasks(text[], text, text, integer, bigint),
     batonq.worker_scorecards(text[], double precision)
 TO batonq_reader;
@@ -4350,6 +4376,6 @@ TO batonq_worker;
 
 -- the engine applied
 WITH gone AS (DELETE FROM batonq.engine)
-INSERT INTO batonq.engine (sha256) VALUES ('5ad3ef4b13319cd074046d66af02d9bf4736290fb7a52b7c580cea82c32c5ce0');
+INSERT INTO batonq.engine (sha256) VALUES ('9f1f97139089f56d42f46040ddef7470fb88b2126b4a10be77d19bb64a7f767c');
 
 COMMIT;

@@ -220,6 +220,7 @@ DOORS: dict[str, Door] = {
     "GET /ui/queues/rows": Door(OBSERVER, ("queues",)),
     "GET /ui/tasks": Door(OBSERVER, ("queues",)),
     "GET /ui/tasks/{task_id}": Door(OBSERVER, ("tasks",)),
+    "GET /ui/find": Door(OBSERVER, ("tasks",)),
     "GET /ui/dead": Door(OBSERVER, ("queues",)),
     "GET /ui/graph": Door(OBSERVER, ("edges",)),
     "GET /ui/workers": Door(OBSERVER, ("queues",)),

@@ -859,6 +859,11 @@ class AsyncClient:
         )
         return await self._run(call)
 
+    async def tasks_by_key(self, key: str, scopes: Sequence[str] = ("*",), *, limit: int = 50) -> list[Task]:
+        """The tasks enqueued with idempotency key ``key``, in any queue
+        ``scopes`` cover (one per queue at most), newest first."""
+        return await self._run(operations.tasks_by_key(scopes, key, limit))
+
     async def dead_tasks(
         self,
         scopes: Sequence[str] = ("*",),

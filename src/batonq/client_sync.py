@@ -857,6 +857,11 @@ class Client:
         )
         return self._run(call)
 
+    def tasks_by_key(self, key: str, scopes: Sequence[str] = ("*",), *, limit: int = 50) -> list[Task]:
+        """The tasks enqueued with idempotency key ``key``, in any queue
+        ``scopes`` cover (one per queue at most), newest first."""
+        return self._run(operations.tasks_by_key(scopes, key, limit))
+
     def dead_tasks(
         self,
         scopes: Sequence[str] = ("*",),

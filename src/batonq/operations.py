@@ -584,6 +584,14 @@ def find_tasks(
     )
 
 
+def tasks_by_key(scopes: Sequence[str], key: str, limit: int = 50) -> Call[list[Task]]:
+    return Call(
+        f"SELECT {_TASK} FROM batonq.tasks_by_key(%s::text[], %s, %s)",
+        (_scopes(scopes), key, limit),
+        _all(Task),
+    )
+
+
 def dead_tasks(
     scopes: Sequence[str] = ("*",),
     *,

@@ -776,3 +776,31 @@ def test_tasks_are_ticked_and_acted_on_together_with_a_count_to_confirm(
     expect(admin.get_by_role("status")).to_have_text("Cancelled 3 tasks.")
     assert asked[-1] == "Cancel 3 tasks?"
     assert {client.task(t.task_id).state for t in (first, second, third)} == {"cancelled"}
+
+
+def test_a_task_is_found_by_id_or_key_in_any_queue_the_key_sees(
+    admin: Page, client: Client, shared_server: LiveServer, browser: Browser, console: Console
+) -> None:
+    shop = client.enqueue("find:shop", {"n": 1}, idempotency_key="order-9")
+    mail = client.enqueue("find:mail", {"n": 2}, idempotency_key="order-9")
+    hidden = client.enqueue("other:secret", {"n": 3}, idempotency_key="order-9")
+    admin.goto(f"{shared_server.url}/ui/tasks")
+    admin.get_by_label("Find a task in any queue").fill(f"t_{shop.task_id}")
+    admin.get_by_role("button", name="Find").click()
+    expect(admin).to_have_url(re.compile(rf"/ui/tasks/t_{shop.task_id}$"))
+
+    admin.goto(f"{shared_server.url}/ui/find?q=order-9")
+    links = admin.locator("table.found tbody th a")
+    expect(links).to_have_text([f"t_{hidden.task_id}", f"t_{mail.task_id}", f"t_{shop.task_id}"])
+    with shared_server.http(shared_server.admin_key or "") as http:
+        _, observer = new_key(http, 3, ["find:*"])
+    for context in _context(browser, console):
+        page = sign_in(context, shared_server, observer)
+        page.goto(f"{shared_server.url}/ui/find?q=order-9")
+        expect(page.locator("table.found tbody th a")).to_have_text(
+            [f"t_{mail.task_id}", f"t_{shop.task_id}"]
+        )
+        page.goto(f"{shared_server.url}/ui/find?q=t_{hidden.task_id}")  # not its queue: not found
+        expect(page.locator("table.found tbody")).to_contain_text(
+            f"No task has id or idempotency key “t_{hidden.task_id}”"
+        )

@@ -91,6 +91,21 @@ def test_the_scheduled_filter_lists_the_pending_not_due_yet(
         reader.tasks("sch:q", state="soon")
 
 
+def test_a_key_is_found_across_the_queues_in_scope(admin: batonq.Client, reader: batonq.Client) -> None:
+    shop = admin.enqueue("shop:orders", {"n": 1}, idempotency_key="order-77")
+    mail = admin.enqueue("mail:out", {"n": 2}, idempotency_key="order-77")
+    [lease] = admin.claim("mail:out")
+    admin.complete(lease.lease_token, None)  # archived: found all the same
+    admin.enqueue("shop:orders", {"n": 3}, idempotency_key="order-78")
+
+    assert [(t.id, t.state) for t in reader.tasks_by_key("order-77")] == [
+        (mail.task_id, "done"), (shop.task_id, "pending")
+    ]  # fmt: skip
+    assert [t.id for t in reader.tasks_by_key("order-77", ["shop:*"])] == [shop.task_id]
+    assert [t.id for t in reader.tasks_by_key("order-77", limit=1)] == [mail.task_id]
+    assert reader.tasks_by_key("order-7") == [] and reader.tasks_by_key("order-77", ["billing:*"]) == []
+
+
 def test_throughput_counts_finishes_per_minute(admin: batonq.Client, reader: batonq.Client) -> None:
     for i in range(3):
         admin.enqueue("tp:q", i)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -351,6 +352,28 @@ async def change_settings(request: Request, queue: str) -> Response:
 
 
 # -- tasks --------------------------------------------------------------------
+
+
+_TASK_REF = re.compile(r"(?:t_)?[0-9]{1,18}")
+
+
+@router.get("/find")
+async def find_page(request: Request, session: Reader) -> Response:
+    """A task by its id (``t_5521``: straight to its page) or the tasks with
+    that idempotency key, across the key's queues."""
+    text = _text(request.query_params.get("q"))
+    found: list[Task] = []
+    if text is not None:
+        if _TASK_REF.fullmatch(text):
+            try:
+                task = await visible_task(client_of(request), session.access, text)
+            except (errors.TaskNotFound, errors.InvalidArgument):
+                pass  # perhaps a key that looks like an id
+            else:
+                return RedirectResponse(f"/ui/tasks/{task_ref(task.id)}", status_code=303)
+        keyed = await reader_of(request).tasks_by_key(text, session.access.queues, limit=PAGE)
+        found = [t for t in keyed if session.covers(t.queue)]
+    return _page(request, session, "find.html", q=text or "", tasks=found)
 
 
 _FILTERS = ("queue", "state", "key", "worker", "before")
