@@ -804,3 +804,16 @@ def test_a_task_is_found_by_id_or_key_in_any_queue_the_key_sees(
         expect(page.locator("table.found tbody")).to_contain_text(
             f"No task has id or idempotency key “t_{hidden.task_id}”"
         )
+
+
+def test_the_dead_letters_follow_new_deaths_without_a_reload(
+    admin: Page, client: Client, shared_server: LiveServer
+) -> None:
+    admin.goto(f"{shared_server.url}/ui/dead?queue=dying:q")
+    rows = admin.locator("#dead-rows table.dead tbody tr")
+    expect(rows).to_have_text(["No dead tasks match."])
+    task = client.enqueue("dying:q", {"n": 1})
+    [lease] = client.claim("dying:q")
+    client.fail(lease.lease_token, "gone for good", requeue=False)
+    expect(rows.first.get_by_role("link").first).to_have_text(f"t_{task.task_id}")  # no reload
+    expect(rows.first).to_contain_text("gone for good")

@@ -401,15 +401,20 @@ async def _tasks_page(
                 problem = error.message
             else:
                 limits = configs[0].limits if configs else []
-    shown = {name: value for name, value in filters.items() if value is not None}
     return _page(
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
         tasks=found, grouped=any(t.group is not None for t in found), limits=limits, problem=problem,
         now=now, scheduled={t.id for t in found if t.state == "pending" and t.run_at > now},
         next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
-        live_url=f"/ui/tasks?{urlencode(shown, safe=':')}", outcome=outcome, bulk_limit=BULK_LIMIT,
+        live_url=_live_url("/ui/tasks", filters), outcome=outcome, bulk_limit=BULK_LIMIT,
     )  # fmt: skip
+
+
+def _live_url(path: str, filters: dict[str, str | None]) -> str:
+    """Where a live list asks for its next state: its page, with the filters
+    it shows (also after an action, whose answer came from another path)."""
+    return f"{path}?{urlencode({k: v for k, v in filters.items() if v is not None}, safe=':')}"
 
 
 def _filters(values: Any) -> dict[str, str | None]:
@@ -611,6 +616,7 @@ async def dead_page(request: Request, session: Reader) -> Response:
         request, session, "dead.html", queue=queue or "", error=error or "", tasks=found, problem=problem,
         next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
         bulk_limit=BULK_LIMIT, outcome=None,
+        live_url=_live_url("/ui/dead", {"queue": queue, "error": error, "before": before}),
     )  # fmt: skip
 
 
@@ -646,6 +652,7 @@ async def retry_dead(request: Request) -> Response:
         request, session, "dead.html", queue=queue or "", error=error or "", problem=None,
         tasks=[t for t in remaining if session.covers(t.queue)],
         next_before=None, bulk_limit=BULK_LIMIT, outcome={"ok": not refusals, "text": text},
+        live_url=_live_url("/ui/dead", {"queue": queue, "error": error}),
     )  # fmt: skip
 
 
