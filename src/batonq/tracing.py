@@ -103,9 +103,11 @@ def sent(span: Any, task_ids: Sequence[int]) -> None:
 
 
 def _links(carriers: Sequence[JSON]) -> list[Any]:
-    """Links to the spans that ``carriers`` name (those that name one)."""
+    """Links to the spans that ``carriers`` name (those that name one), each
+    once (a batch whose items share a run names it once per item)."""
     contexts = (trace.get_current_span(_extract(c)).get_span_context() for c in carriers if c)
-    return [trace.Link(context) for context in contexts if context.is_valid]
+    unique = {(c.trace_id, c.span_id): c for c in contexts if c.is_valid}
+    return [trace.Link(context) for context in unique.values()]
 
 
 def received(queue: str, leases: Sequence[Lease], started_ns: int) -> None:

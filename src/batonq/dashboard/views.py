@@ -117,10 +117,15 @@ def _error_parts(error: Any) -> tuple[str, str]:
     return message, trace
 
 
+def _scheduled(task: Task, now: datetime) -> bool:
+    """Whether a task is pending but not due yet (the lists' ``scheduled``)."""
+    return task.state == "pending" and task.run_at > now
+
+
 templates.env.filters.update(
     age=_age, since=_since, until=_until, when=_when, pretty=_pretty, ref=task_ref, error_parts=_error_parts
 )
-templates.env.globals.update(RINGS=RINGS, STATES=STATE_FILTERS, ALLOWED=ALLOWED)
+templates.env.globals.update(RINGS=RINGS, STATES=STATE_FILTERS, ALLOWED=ALLOWED, is_scheduled=_scheduled)
 
 
 def _page(
@@ -321,11 +326,9 @@ def _form_value(text: str) -> Any:
 async def change_settings(request: Request, queue: str) -> Response:
     """Pause, resume or change a queue's settings, checked as PATCH
     /v1/queues/{queue} checks them; empty fields keep their value."""
-    session = await current(request)
-    refused = await _may_act(request, session)
-    if refused is not None:
-        return refused
-    assert session is not None
+    session = await _acting(request)
+    if isinstance(session, Response):
+        return session
     if not session.covers(queue) or not await client_of(request).queue_configs([queue]):
         return _page(request, session, "error.html", status=404, message=f"queue {queue} not found")
     form = await request.form()
@@ -405,7 +408,7 @@ async def _tasks_page(
         request, session, "tasks.html",
         queue=queue or "", state=state or "", key=key or "", worker=worker or "",
         tasks=found, grouped=any(t.group is not None for t in found), limits=limits, problem=problem,
-        now=now, scheduled={t.id for t in found if t.state == "pending" and t.run_at > now},
+        now=now, scheduled={t.id for t in found if _scheduled(t, now)},
         next_before=task_ref(found[-1].id) if len(found) == PAGE else None,
         live_url=_live_url("/ui/tasks", filters), outcome=outcome, bulk_limit=BULK_LIMIT,
     )  # fmt: skip
@@ -440,11 +443,9 @@ async def act_on_many(request: Request) -> Response:
     task its filters show (up to BULK_LIMIT), each as its own action: one
     that cannot be taken (a task in another state, or not visible) is
     reported and the others go on."""
-    session = await current(request)
-    refused = await _may_act(request, session)
-    if refused is not None:
-        return refused
-    assert session is not None
+    session = await _acting(request)
+    if isinstance(session, Response):
+        return session
     form = await request.form()
     action, filters = form.get("op"), _filters(form)
     if not isinstance(action, str) or action not in ACTIONS:
@@ -546,8 +547,10 @@ async def task_page(request: Request, task_id: str, session: Reader) -> Response
     return response
 
 
-async def _may_act(request: Request, session: Session | None, action: object = None) -> Response | None:
-    """None when the request may take ``action``; else the refusal."""
+async def _acting(request: Request, action: object = None) -> Session | Response:
+    """The session of a request that may take ``action`` (the dashboard's
+    gate for every action: signed in, ring, CSRF token); else the refusal."""
+    session = await current(request)
     if session is None:
         return _page(request, None, "error.html", status=401, message="Sign in first.")
     try:
@@ -562,16 +565,14 @@ async def _may_act(request: Request, session: Session | None, action: object = N
         return _page(request, session, "error.html", status=403, message=message)
     if not await check_csrf(request, session):
         return _page(request, session, "error.html", status=403, message="This form is out of date: reload.")
-    return None
+    return session
 
 
 @router.post("/tasks/{task_id}/{action}")
 async def act(request: Request, task_id: str, action: str) -> Response:
-    session = await current(request)
-    refused = await _may_act(request, session)
-    if refused is not None:
-        return refused
-    assert session is not None
+    session = await _acting(request)
+    if isinstance(session, Response):
+        return session
     if action not in ACTIONS:
         return _page(request, session, "error.html", status=404, message=f"No action {action!r}.")
     task = await _visible(request, session, task_id)
@@ -623,11 +624,9 @@ async def dead_page(request: Request, session: Reader) -> Response:
 @router.post("/dead/retry")
 async def retry_dead(request: Request) -> Response:
     """Retry every dead task of the filtered set (up to BULK_LIMIT at a time)."""
-    session = await current(request)
-    refused = await _may_act(request, session)
-    if refused is not None:
-        return refused
-    assert session is not None
+    session = await _acting(request)
+    if isinstance(session, Response):
+        return session
     form = await request.form()
     queue = _text(form.get("queue") if isinstance(form.get("queue"), str) else None)  # type: ignore[arg-type]
     error = _text(form.get("error") if isinstance(form.get("error"), str) else None)  # type: ignore[arg-type]
@@ -695,11 +694,9 @@ async def schedules_page(request: Request, session: Reader) -> Response:
 async def act_on_schedule(request: Request, name: str, action: str) -> Response:
     """pause, resume, run (enqueue its payload into its queue now, outside
     its ticks) or remove a schedule; audited as the session's key."""
-    session = await current(request)
-    refused = await _may_act(request, session, action)
-    if refused is not None:
-        return refused
-    assert session is not None
+    session = await _acting(request, action)
+    if isinstance(session, Response):
+        return session
     if action not in SCHEDULE_ACTIONS:
         return _page(request, session, "error.html", status=404, message=f"No action {action!r}.")
     client, who = client_of(request), actor(session.access)
